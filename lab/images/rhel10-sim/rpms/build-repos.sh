@@ -1,0 +1,61 @@
+#!/bin/sh
+# SIMULATION: builds the lab's local package repositories from kernels.txt with real
+# rpmbuild and createrepo_c. Each stand-in kernel carries only what the roles read:
+# /lib/modules/<uname -r>/modules.alias (xe and i915 lines) and a placeholder vmlinuz.
+set -eu
+here=$(dirname "$0")
+out=${1:-/srv/repos}
+top=$(mktemp -d)
+grep -v '^#' "$here/kernels.txt" | while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  repo=$(echo "$line" | awk '{print $1}')
+  name=$(echo "$line" | awk '{print $2}')
+  ver=$(echo "$line" | awk '{print $3}')
+  rel=$(echo "$line" | awk '{print $4}')
+  vendor=$(echo "$line" | cut -d'|' -f1 | awk '{for (i=5;i<=NF;i++) printf "%s%s", $i, (i<NF?" ":"")}')
+  ids=$(echo "$line" | cut -d'|' -f2 | tr -d ' ')
+  kver="$ver-$rel.x86_64"
+  src="$top/$name-$kver"
+  mkdir -p "$src"
+  {
+    echo "# Aliases extracted from modules themselves."
+    echo "# SIMULATION: cardshare lab stand-in kernel $kver"
+    for id in $(echo "$ids" | tr ',' ' '); do
+      echo "alias pci:v00008086d0000${id}sv*sd*bc03sc*i* xe"
+    done
+    # a few DG2 ids that belong to i915, as in a real table
+    for id in 56A0 56A1 56A5 56A6; do
+      echo "alias pci:v00008086d0000${id}sv*sd*bc03sc*i* i915"
+    done
+  } > "$src/modules.alias"
+  cat > "$top/$name-$kver.spec" <<SPEC
+Name: $name
+Version: $ver
+Release: $rel
+Summary: SIMULATION: stand-in kernel $kver for the cardshare lab
+License: GPL-2.0-only
+Vendor: $vendor
+BuildArch: x86_64
+AutoReqProv: no
+Provides: installonlypkg(kernel)
+
+%description
+SIMULATION. Carries no kernel, only the module alias table that the cardshare roles read.
+
+%install
+mkdir -p %{buildroot}/lib/modules/$kver/kernel/drivers/gpu/drm/xe
+cp $src/modules.alias %{buildroot}/lib/modules/$kver/modules.alias
+echo "SIMULATION: not a kernel" > %{buildroot}/lib/modules/$kver/vmlinuz
+
+%files
+/lib/modules/$kver
+SPEC
+  rpmbuild --quiet --define "_topdir $top/build" --define "_build_id_links none" \
+    -bb "$top/$name-$kver.spec"
+  mkdir -p "$out/$repo"
+  cp "$top"/build/RPMS/*/"$name-$ver-$rel".*.rpm "$out/$repo/"
+done
+for repo in $(grep -v '^#' "$here/kernels.txt" | awk 'NF {print $1}' | sort -u); do
+  createrepo_c --quiet "$out/$repo"
+done
+rm -rf "$top"

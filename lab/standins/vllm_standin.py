@@ -1,0 +1,804 @@
+"""SIMULATION: a stand-in for vLLM (Intel llm-scaler image) in the cardshare lab.
+
+This is not vLLM and runs no model.  It exists because the llm-scaler image cannot be
+pulled in the lab.  It accepts ``vllm serve <model> [flags]`` for the flags the
+collection uses, refuses what vLLM refuses (with vLLM's messages), and then serves an
+OpenAI-shaped API with canned text:
+
+* refusals (exit 1): ``--max-model-len`` above the model's window (``max_position_embeddings``
+  from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, scaled by a YaRN
+  ``rope_scaling`` from the config or ``--hf-overrides``); free memory of the simulated card
+  below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice`` without
+  ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
+* the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
+  connections are refused, as with the real server while it loads the model.
+* ``GET /health`` (200 empty; 503 once the engine is "dead": ``POST /cardshare-sim/kill-engine``
+  or ``SIGUSR1``), ``GET /v1/models`` (with ``max_model_len``), ``GET /version``,
+  ``POST /v1/chat/completions`` and ``/v1/completions`` (``stream`` true/false, SSE chunks
+  and ``data: [DONE]``, ``max_tokens``, tool-call shaped replies), ``GET /metrics``
+  (Prometheus text with vLLM's metric names and true counts).
+* while it runs it is a client of the simulated card (``simcard.py``): resident VRAM =
+  utilisation x total, ``ccs``/``rcs`` cycles advancing while requests run.
+
+Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
+``STANDIN_NATIVE_CONTEXT`` (32768), ``STANDIN_MAX_RUNNING`` (``--max-num-seqs``),
+``STANDIN_RELEASE_SECONDS`` (1), ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simcard import SimClient
+from standin_http import Handler, StandinServer, serve_in_thread
+
+__all__ = [
+    "ENGINE_COMM",
+    "Engine",
+    "Settings",
+    "StartupError",
+    "build_parser",
+    "context_error",
+    "derived_max_model_len",
+    "load_model_config",
+    "main",
+    "make_server",
+    "memory_error",
+    "parse_args",
+    "prepare",
+    "reply_tokens",
+]
+
+VERSION = "0.21.0+standin (SIMULATION)"
+ENGINE_COMM = "VLLM::EngineCor"  # comm is cut to 15 characters, as the kernel does
+DEVICE = "xpu:0"
+GIB = 1024**3
+
+TOOL_PARSERS = (
+    "deepseek_v3",
+    "deepseek_v31",
+    "glm45",
+    "granite",
+    "hermes",
+    "hunyuan_a13b",
+    "internlm",
+    "jamba",
+    "kimi_k2",
+    "llama3_json",
+    "llama4_json",
+    "llama4_pythonic",
+    "minimax",
+    "mistral",
+    "openai",
+    "phi4_mini_json",
+    "pythonic",
+    "qwen3_coder",
+    "qwen3_xml",
+    "seed_oss",
+    "step3",
+    "xlam",
+)
+QUANTIZATIONS = (
+    "awq",
+    "awq_marlin",
+    "bitsandbytes",
+    "compressed-tensors",
+    "fp8",
+    "gguf",
+    "gptq",
+    "gptq_marlin",
+    "inc",
+    "ipex",
+    "mxfp4",
+    "sym_int4",
+)
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+REPLY = "This is a simulated reply from the cardshare lab stand-in for vLLM ."
+
+
+class StartupError(Exception):
+    """vLLM would refuse to start; ``str()`` is the message it prints."""
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument(name, action=argparse.BooleanOptionalAction, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vllm serve`` command line, for the flags the collection uses."""
+    parser = argparse.ArgumentParser(prog="vllm serve", description="SIMULATION of vllm serve")
+    parser.add_argument("model_tag", nargs="?", default=None)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--hf-overrides", type=json.loads, default=None)
+    parser.add_argument("--enable-auto-tool-choice", action="store_true")
+    parser.add_argument("--tool-call-parser", default=None)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None)
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--disable-sliding-window", action="store_true")
+    parser.add_argument("--disable-log-requests", action="store_true")
+    parser.add_argument("--distributed-executor-backend", default=None)
+    parser.add_argument("--api-key", default=None)
+    _bool_flag(parser, "--enable-prefix-caching")
+    return parser
+
+
+def _normalise(argv: Sequence[str]) -> list[str]:
+    """Drop a leading ``serve``; accept ``--flag_name`` like vLLM's flexible parser."""
+    args = list(argv)
+    if args and args[0] == "serve":
+        args = args[1:]
+    out = []
+    for arg in args:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse like ``vllm serve`` (argparse exits 2 on an unknown flag)."""
+    return build_parser().parse_args(_normalise(argv))
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_model_config(
+    model: str, hf_overrides: Mapping[str, Any] | None, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """``<model>/config.json`` when present (else the native window from the environment),
+    with ``--hf-overrides`` merged in as vLLM does."""
+    config: dict[str, Any]
+    path = Path(model) / "config.json"
+    try:
+        loaded = json.loads(path.read_text())
+        config = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        config = {}
+    if "max_position_embeddings" not in config:
+        config["max_position_embeddings"] = int(env.get("STANDIN_NATIVE_CONTEXT", "32768"))
+    return _deep_merge(config, hf_overrides or {})
+
+
+def derived_max_model_len(config: Mapping[str, Any]) -> float:
+    """The window vLLM derives from a model config (``_get_and_verify_max_len``)."""
+    derived = float(config["max_position_embeddings"])
+    rope = config.get("rope_scaling")
+    if isinstance(rope, Mapping):
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("su", "longrope", "llama3"):
+            factor = float(rope.get("factor", 1.0))
+            if rope_type == "yarn":
+                derived = float(rope.get("original_max_position_embeddings", derived))
+            derived *= factor
+    return derived
+
+
+def context_error(max_model_len: int | None, config: Mapping[str, Any]) -> str | None:
+    """vLLM's refusal of a ``--max-model-len`` above the derived window, or ``None``."""
+    derived = derived_max_model_len(config)
+    if max_model_len is None or max_model_len <= derived:
+        return None
+    return (
+        f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+        f"max_model_len (max_position_embeddings={derived} or model_max_length=None in "
+        "model's config.json). To allow overriding this maximum, set the env var "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with "
+        "extreme caution. If the model uses relative position encoding (RoPE), positions "
+        "exceeding derived_max_model_len lead to nan. If the model uses absolute position "
+        "encoding, positions exceeding derived_max_model_len will cause a CUDA array "
+        "out-of-bounds error."
+    )
+
+
+def _gib(value: float) -> float:
+    return round(value / GIB, 2)
+
+
+def memory_error(free: int, total: int, utilization: float, device: str = DEVICE) -> str | None:
+    """vLLM's start-up memory guard (``request_memory``): ``None`` when it would pass."""
+    requested = math.ceil(total * utilization)
+    if free >= requested:
+        return None
+    return (
+        f"Free memory on device {device} ({_gib(free)}/{_gib(total)} GiB) on startup is less "
+        f"than desired GPU memory utilization ({utilization}, {_gib(requested)} GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the stand-in serves, decided from argv and environment."""
+
+    model: str
+    served_names: tuple[str, ...]
+    max_model_len: int
+    utilization: float
+    auto_tool_choice: bool
+    tool_call_parser: str | None
+    max_num_seqs: int
+    max_running: int
+    host: str
+    port: int
+    token_seconds: float
+    load_seconds: float
+    release_seconds: float
+    api_key: str | None = None
+    argv: tuple[str, ...] = field(default=())
+
+
+def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Parse and validate as vLLM does before its engine starts; raise :class:`StartupError`."""
+    args = parse_args(argv)
+    model = args.model or args.model_tag
+    if model is None:
+        raise StartupError("error: the following arguments are required: model_tag")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise StartupError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+        raise StartupError(
+            f"invalid tool call parser: {args.tool_call_parser} "
+            f"(chose from {{ {','.join(TOOL_PARSERS)} }})"
+        )
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise StartupError(
+            f"GPU memory utilization must be less than 1.0. Got {args.gpu_memory_utilization}."
+        )
+    config = load_model_config(model, args.hf_overrides, env)
+    error = context_error(args.max_model_len, config)
+    if error is not None and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("1", "true"):
+        raise StartupError(error)
+    max_len = args.max_model_len or int(derived_max_model_len(config))
+    max_running = int(env.get("STANDIN_MAX_RUNNING", "0") or 0) or args.max_num_seqs
+    return Settings(
+        model=model,
+        served_names=tuple(args.served_model_name or [model]),
+        max_model_len=max_len,
+        utilization=args.gpu_memory_utilization,
+        auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        max_num_seqs=args.max_num_seqs,
+        max_running=max_running,
+        host=args.host or "0.0.0.0",
+        port=args.port,
+        token_seconds=float(env.get("STANDIN_TOKEN_SECONDS", "0.01")),
+        load_seconds=float(env.get("STANDIN_LOAD_SECONDS", "2")),
+        release_seconds=float(env.get("STANDIN_RELEASE_SECONDS", "1")),
+        api_key=args.api_key or env.get("VLLM_API_KEY") or None,
+        argv=tuple(argv),
+    )
+
+
+def reply_tokens(max_tokens: int | None) -> tuple[list[str], str]:
+    """The canned reply's tokens, cut at ``max_tokens``, and the finish reason."""
+    words = REPLY.split(" ")
+    tokens = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    if max_tokens is not None and max_tokens < len(tokens):
+        return tokens[:max_tokens], "length"
+    return tokens, "stop"
+
+
+def count_tokens(text: str) -> int:
+    """A stand-in tokenizer: one token per whitespace-separated word (at least one)."""
+    return max(len(text.split()), 1)
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    return sum(count_tokens(_message_text(m.get("content"))) + 3 for m in messages) + 1
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """Request accounting behind ``/metrics`` (true counts) and the card's busy engines."""
+
+    def __init__(self, settings: Settings, card: SimClient | None) -> None:
+        self.settings = settings
+        self.card = card
+        self.lock = threading.Lock()
+        self.slots = threading.Semaphore(settings.max_running)
+        self.running = 0
+        self.waiting = 0
+        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.tokens_in_flight = 0
+        self.dead = False
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def _set_busy(self) -> None:
+        if self.card is not None:
+            self.card.set_busy({"ccs": 1.0, "rcs": 0.25} if self.running else {})
+
+    def admit(self, prompt_tokens: int) -> None:
+        with self.lock:
+            self.waiting += 1
+        self.slots.acquire()
+        with self.lock:
+            self.waiting -= 1
+            self.running += 1
+            self.tokens_in_flight += prompt_tokens
+            self._set_busy()
+
+    def finish(self, reason: str, prompt_tokens: int, generated: int) -> None:
+        with self.lock:
+            self.running -= 1
+            self.tokens_in_flight -= prompt_tokens
+            self.success[reason] = self.success.get(reason, 0) + 1
+            if reason != "abort":
+                self.prompt_tokens += prompt_tokens
+                self.generation_tokens += generated
+            self._set_busy()
+        self.slots.release()
+
+    def kv_usage(self) -> float:
+        capacity = self.settings.max_model_len * max(self.settings.max_num_seqs // 16, 1)
+        return min(self.tokens_in_flight / capacity, 1.0)
+
+    def metrics(self) -> str:
+        """Prometheus text exposition with vLLM's (v1 engine) metric names."""
+        with self.lock:
+            running, waiting = self.running, self.waiting
+            success = dict(self.success)
+            prompt, generation = self.prompt_tokens, self.generation_tokens
+            kv = self.kv_usage()
+        name = self.settings.served_names[0]
+        labels = f'engine="0",model_name="{name}"'
+        out = [
+            "# SIMULATION: cardshare lab stand-in for vLLM",
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} {float(running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{labels}}} {float(prompt)}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{labels}}} {float(generation)}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        for reason in ("stop", "length", "abort"):
+            out.append(
+                f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
+                f'model_name="{name}"}} {float(success.get(reason, 0))}'
+            )
+        return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _error(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one request will produce."""
+
+    prompt_tokens: int
+    tokens: list[str]
+    finish: str
+    tool_call: dict[str, Any] | None = None
+
+
+class VllmHandler(Handler):
+    server: VllmServer
+
+    @property
+    def engine(self) -> Engine:
+        return self.server.engine
+
+    def do_GET(self) -> None:
+        path = self.path_only
+        if path == "/health":
+            self.send_bytes(503 if self.engine.dead else 200, b"", content_type="")
+        elif path == "/v1/models":
+            self._models()
+        elif path == "/metrics":
+            body = self.engine.metrics().encode()
+            self.send_bytes(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/version":
+            self.send_json(200, {"version": VERSION})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path_only
+        if path == "/cardshare-sim/kill-engine":
+            self.engine.kill()
+            self.send_json(200, {"simulation": True, "engine": "dead"})
+            return
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        if not self._authorised():
+            self.send_json(401, {"error": "Unauthorized"})
+            return
+        try:
+            request = self.read_json()
+        except ValueError as exc:
+            self.send_json(400, _error(f"Invalid JSON: {exc}", "BadRequestError", 400))
+            return
+        if not isinstance(request, dict):
+            self.send_json(400, _error("Request body must be an object", "BadRequestError", 400))
+            return
+        if self.engine.dead:
+            self.send_json(500, _error("EngineCore encountered an issue.", "EngineDeadError", 500))
+            return
+        model = request.get("model")
+        if model is not None and model not in self.engine.settings.served_names:
+            message = f"The model `{model}` does not exist."
+            self.send_json(404, _error(message, "NotFoundError", 404, "model"))
+            return
+        chat = path == "/v1/chat/completions"
+        plan = self._plan(request, chat)
+        if plan is None:
+            return
+        self._generate(request, plan, chat)
+
+    def _authorised(self) -> bool:
+        key = self.engine.settings.api_key
+        return key is None or self.headers.get("Authorization") == f"Bearer {key}"
+
+    def _models(self) -> None:
+        settings = self.engine.settings
+        created = int(self.server.started)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": settings.model,
+                "parent": None,
+                "max_model_len": settings.max_model_len,
+            }
+            for name in settings.served_names
+        ]
+        self.send_json(200, {"object": "list", "data": data})
+
+    def _plan(self, request: Mapping[str, Any], chat: bool) -> Plan | None:
+        settings = self.engine.settings
+        max_tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            self.send_json(400, _error("max_tokens must be at least 1", "BadRequestError", 400))
+            return None
+        if chat:
+            messages = request.get("messages")
+            if not isinstance(messages, list) or not messages:
+                self.send_json(
+                    400, _error("messages must be a non-empty list", "BadRequestError", 400)
+                )
+                return None
+            prompt_tokens = chat_prompt_tokens(messages)
+        else:
+            prompt = request.get("prompt", "")
+            text = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
+            prompt_tokens = count_tokens(text)
+        requested = prompt_tokens + (max_tokens or 0)
+        if requested > settings.max_model_len:
+            where = "messages" if chat else "prompt"
+            message = (
+                f"This model's maximum context length is {settings.max_model_len} tokens. "
+                f"However, you requested {requested} tokens ({prompt_tokens} in the {where}, "
+                f"{max_tokens or 0} in the completion). Please reduce the length of the "
+                f"{where} or completion."
+            )
+            self.send_json(400, _error(message, "BadRequestError", 400))
+            return None
+        tool_call = self._tool_call(request) if chat else None
+        if tool_call is False:
+            return None
+        if isinstance(tool_call, dict):
+            tokens = ["<tool_call>", "{}", "</tool_call>"][: max_tokens or 3]
+            return Plan(prompt_tokens, tokens, "tool_calls", tool_call)
+        tokens, finish = reply_tokens(max_tokens)
+        return Plan(prompt_tokens, tokens, finish)
+
+    def _tool_call(self, request: Mapping[str, Any]) -> dict[str, Any] | bool | None:
+        tools = request.get("tools") or []
+        choice = request.get("tool_choice")
+        if not tools or choice == "none":
+            return None
+        names = [t.get("function", {}).get("name") for t in tools if isinstance(t, Mapping)]
+        if isinstance(choice, Mapping):
+            name = choice.get("function", {}).get("name")
+        elif choice in (None, "auto"):
+            if not self.engine.settings.auto_tool_choice:
+                message = (
+                    '"auto" tool choice requires --enable-auto-tool-choice and '
+                    "--tool-call-parser to be set"
+                )
+                self.send_json(400, _error(message, "BadRequestError", 400))
+                return False
+            name = names[0] if names else None
+        else:  # "required"
+            name = names[0] if names else None
+        if not name:
+            return None
+        return {
+            "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+            "type": "function",
+            "function": {"name": name, "arguments": "{}"},
+        }
+
+    def _generate(self, request: Mapping[str, Any], plan: Plan, chat: bool) -> None:
+        engine = self.engine
+        engine.admit(plan.prompt_tokens)
+        generated = 0
+        reason = "abort"
+        try:
+            if request.get("stream"):
+                generated = self._stream(request, plan, chat)
+            else:
+                for _ in self._tokens(plan):
+                    generated += 1
+                self.send_json(200, self._full_response(request, plan, chat))
+            reason = "stop" if plan.finish in ("stop", "tool_calls") else plan.finish
+        except (BrokenPipeError, ConnectionResetError):
+            reason = "abort"
+        finally:
+            engine.finish(reason, plan.prompt_tokens, generated)
+
+    def _tokens(self, plan: Plan) -> Iterator[str]:
+        delay = self.engine.settings.token_seconds
+        for token in plan.tokens:
+            if delay > 0:
+                time.sleep(delay)
+            yield token
+
+    def _usage(self, plan: Plan) -> dict[str, int]:
+        completion = len(plan.tokens)
+        return {
+            "prompt_tokens": plan.prompt_tokens,
+            "total_tokens": plan.prompt_tokens + completion,
+            "completion_tokens": completion,
+        }
+
+    def _full_response(self, request: Mapping[str, Any], plan: Plan, chat: bool) -> dict[str, Any]:
+        model = request.get("model") or self.engine.settings.served_names[0]
+        base = {"created": int(time.time()), "model": model, "usage": self._usage(plan)}
+        if not chat:
+            choice = {
+                "index": 0,
+                "text": "".join(plan.tokens),
+                "logprobs": None,
+                "finish_reason": plan.finish,
+                "stop_reason": None,
+            }
+            return {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "choices": [choice],
+                **base,
+            }
+        message: dict[str, Any] = {"role": "assistant", "reasoning_content": None}
+        if plan.tool_call is not None:
+            message.update(content=None, tool_calls=[plan.tool_call])
+        else:
+            message.update(content="".join(plan.tokens), tool_calls=[])
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": plan.finish,
+            "stop_reason": None,
+        }
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "choices": [choice],
+            **base,
+        }
+
+    def _stream(self, request: Mapping[str, Any], plan: Plan, chat: bool) -> int:
+        model = request.get("model") or self.engine.settings.served_names[0]
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choice: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "id": ident,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "logprobs": None, **choice}],
+            }
+
+        self.start_stream()
+        generated = 0
+        if chat:
+            opening: dict[str, Any] = {"role": "assistant", "content": ""}
+            self.send_event(chunk({"delta": opening, "finish_reason": None}))
+        for token in self._tokens(plan):
+            generated += 1
+            if plan.tool_call is None:
+                delta: dict[str, Any] = {"content": token} if chat else {"text": token}
+                self.send_event(
+                    chunk(
+                        {"delta": delta, "finish_reason": None}
+                        if chat
+                        else {**delta, "finish_reason": None}
+                    )
+                )
+        if plan.tool_call is not None:
+            call = plan.tool_call
+            first = {
+                "index": 0,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            self.send_event(chunk({"delta": {"tool_calls": [first]}, "finish_reason": None}))
+            rest = {"index": 0, "function": {"arguments": call["function"]["arguments"]}}
+            self.send_event(chunk({"delta": {"tool_calls": [rest]}, "finish_reason": None}))
+        final: dict[str, Any] = {"finish_reason": plan.finish, "stop_reason": None}
+        if chat:
+            final["delta"] = {}
+        else:
+            final["text"] = ""
+        self.send_event(chunk(final))
+        options = request.get("stream_options") or {}
+        if isinstance(options, Mapping) and options.get("include_usage"):
+            self.send_event(
+                {
+                    "id": ident,
+                    "object": kind,
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._usage(plan),
+                }
+            )
+        self.send_event("[DONE]")
+        self.end_stream()
+        return generated
+
+
+class VllmServer(StandinServer):
+    def __init__(self, address: tuple[str, int], engine: Engine) -> None:
+        self.engine = engine
+        self.started = time.time()
+        super().__init__(address, VllmHandler)
+
+
+def make_server(settings: Settings, card: SimClient | None, port: int | None = None) -> VllmServer:
+    """Bind the API server (``port`` overrides the settings, 0 picks a free port)."""
+    engine = Engine(settings, card)
+    return VllmServer((settings.host, settings.port if port is None else port), engine)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _fail(lines: Sequence[str]) -> int:
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    environ = dict(os.environ if env is None else env)
+    args = list(sys.argv[1:] if argv is None else argv)
+    print("SIMULATION: cardshare lab stand-in for vLLM (no model runs here)", flush=True)
+    try:
+        settings = prepare(args, environ)
+    except StartupError as exc:
+        message = str(exc)
+        if message.startswith("User-specified max_model_len"):
+            return _fail(
+                [
+                    "pydantic_core._pydantic_core.ValidationError: "
+                    "1 validation error for ModelConfig",
+                    f"  Value error, {message} [type=value_error, input_type=ArgsKwargs]",
+                ]
+            )
+        if message.startswith("Error: --enable-auto-tool-choice"):
+            return _fail([f"TypeError: {message}"])
+        return _fail([f"ValueError: {message}"])
+    card = SimClient(comm=ENGINE_COMM, cmdline=["vllm", "serve", *args])
+    if card.card is None:
+        print(f"SIMULATION: no simulated card under {card.root}; not registering", flush=True)
+    else:
+        free, total = card.free_vram()
+        error = memory_error(free, total, settings.utilization)
+        if error is not None:
+            return _fail(
+                [
+                    f"(EngineCore_DP0 pid={os.getpid()}) ValueError: {error}",
+                    "RuntimeError: Engine core initialization failed. See root cause above. "
+                    "Failed core proc(s): {}",
+                ]
+            )
+        mib = 1024**2  # the driver reports whole pages; keep the figure readable
+        card.register(vram=-(-math.ceil(total * settings.utilization) // mib) * mib)
+    try:
+        return _serve(settings, card)
+    finally:
+        card.close(settings.release_seconds)
+
+
+def _serve(settings: Settings, card: SimClient) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"SIMULATION: loading {settings.model} for {settings.load_seconds}s", flush=True)
+    if stop.wait(settings.load_seconds):
+        return 0
+    server = make_server(settings, card if card.registered else None)
+    signal.signal(signal.SIGUSR1, lambda _s, _f: server.engine.kill())
+    serve_in_thread(server)
+    print(f"INFO: Started server process; listening on {settings.host}:{settings.port}", flush=True)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

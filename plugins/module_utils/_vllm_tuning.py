@@ -1,0 +1,922 @@
+"""Computed and validated tuning values for the ``vllm`` role (pure functions, no I/O).
+
+The values the source write-up tuned by hand are derived here from the card, its other
+tenants and a model catalog entry, and refused with a message that names the role variable,
+the bad value and the fix:
+
+* ``--gpu-memory-utilization`` from the card's memory, the reservations of the card's other
+  tenants and a driver headroom (:func:`gpu_memory_utilization`);
+* the context window, with static YaRN passed through ``--hf-overrides`` when the target
+  exceeds the model's native window (:func:`vllm_context`);
+* the container's host-memory cap (:func:`vllm_memory_cap`);
+* per-model command-line rules: tool-call parser, MoE INT4 must be GPTQ, no
+  ``--quantization`` for pre-quantised checkpoints (:func:`vllm_model_args`);
+* the whole ordered ``vllm serve`` argument list (:func:`vllm_serve_args`, :func:`vllm_plan`).
+
+Sizes.  Every size is bytes, given as an integer or as a Docker-style string (``"16g"``,
+``"16G"``, ``"16GiB"``, ``"0.8GiB"``, ``"800m"``).  As in Docker and Compose, every unit is
+binary whatever its spelling: ``g``, ``gb`` and ``gib`` all mean 1024**3 bytes.  One grammar
+for all sizes of the role keeps ``vllm_memory_limit`` meaning what Compose makes of it, and
+a "32 GB" card is 32 GiB of memory.  Only the ratios matter for the utilisation, so the card,
+the reservations and the headroom only need to be given in the same unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal, InvalidOperation
+from fractions import Fraction
+
+__all__ = [
+    "ACCEPTED_QUANTIZATIONS",
+    "DEFAULT_UTILIZATION_CEILING",
+    "ENTRYPOINT_MODES",
+    "KNOWN_DTYPES",
+    "MANAGED_FLAGS",
+    "MEMORY_MARGIN_MIN_BYTES",
+    "ONLINE_QUANTIZATIONS",
+    "SEED_MEMORY_LESSON",
+    "SETTINGS_KEYS",
+    "ModelSpec",
+    "Reservation",
+    "VllmTuningError",
+    "VllmTypeError",
+    "compose_command",
+    "gpu_memory_utilization",
+    "human_size",
+    "model_spec",
+    "parse_reservations",
+    "parse_size",
+    "required_host_memory",
+    "resolve_model",
+    "vllm_context",
+    "vllm_memory_cap",
+    "vllm_model_args",
+    "vllm_plan",
+    "vllm_serve_args",
+]
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+DEFAULT_UTILIZATION_CEILING = 0.95
+# Host-memory margin over a model's need: 25 %, and never less than 2 GiB.
+MEMORY_MARGIN_FRACTION = Fraction(1, 4)
+MEMORY_MARGIN_MIN_BYTES = 2 * GIB
+SEED_MEMORY_LESSON = (
+    "Seed lesson: a compose 'memory: 8G' limit killed Qwen3-32B at 8.3 GB of RSS, a memory "
+    "cgroup kill that looked like a VRAM problem (252 restarts); the cap went to 16G."
+)
+
+# Checkpoint formats: ``none`` is unquantised (BF16/FP16); the others are pre-quantised and
+# vLLM detects them from the checkpoint's config, so ``--quantization`` is never passed.
+ACCEPTED_QUANTIZATIONS: dict[str, frozenset[int]] = {
+    "none": frozenset({16, 32}),
+    "awq": frozenset({4}),
+    "gptq": frozenset({4, 8}),
+    "fp8": frozenset({8}),
+}
+# Quantisation at load time (llm-scaler's ``--quantization`` values for an unquantised
+# checkpoint).  It first loads the full model into host memory.
+ONLINE_QUANTIZATIONS = frozenset({"fp8", "sym_int4"})
+# Tool-call parser by model family, used when an entry does not name one.
+FAMILY_TOOL_CALL_PARSERS: dict[str, str] = {
+    "qwen2.5": "hermes",
+    "qwen3": "hermes",
+    "qwen3-coder": "qwen3_coder",
+}
+KNOWN_DTYPES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
+ENTRYPOINT_MODES = frozenset({"auto", "command", "entrypoint"})
+# Flags the role computes; ``vllm_extra_args`` may not set them.
+MANAGED_FLAGS: dict[str, str] = {
+    "--model": "the model is chosen with vllm_model",
+    "--served-model-name": "the served name comes from the catalog entry (served_name)",
+    "--host": "set vllm_listen_address instead",
+    "--port": "set vllm_port instead",
+    "--gpu-memory-utilization": "set vllm_gpu_memory_utilization or the reservations instead",
+    "--max-model-len": "set vllm_context_target instead",
+    "--hf-overrides": "YaRN is computed from vllm_context_target",
+    "--rope-scaling": "it was removed from vLLM; YaRN is computed from vllm_context_target",
+    "--quantization": "set online_quantization in the catalog entry instead",
+    "--enable-auto-tool-choice": "set vllm_enable_tool_calls instead",
+    "--tool-call-parser": "set tool_call_parser in the catalog entry instead",
+    "--dtype": "set vllm_dtype instead",
+}
+# Lower bound of a sensible context: below this an agent's prompt does not fit at all.
+MIN_CONTEXT_TOKENS = 256
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i?)|)(b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": KIB, "m": MIB, "g": GIB, "t": 1024**4, "p": 1024**5}
+_ENTRY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PARSER_RE = re.compile(r"^[a-z0-9_]+$")
+
+
+class VllmTuningError(ValueError):
+    """A value the role cannot use; the message names the variable, the value and the fix."""
+
+
+class VllmTypeError(VllmTuningError, TypeError):
+    """A value of the wrong type; the message names the variable and what it got."""
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, Sequence):
+        return "a list"
+    return type(value).__name__
+
+
+def parse_size(value: object, variable: str, *, allow_zero: bool = False) -> int:
+    """Bytes from an integer or a Docker-style size string (all units binary).
+
+    >>> parse_size("16g", "vllm_memory_limit") == 16 * 1024**3
+    True
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise VllmTypeError(
+            f"{variable}: expected a size in bytes or a string such as '16g' or '2GiB', "
+            f"got {_type_name(value)} ({value!r})"
+        )
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE_RE.match(value)
+        if match is None:
+            raise VllmTuningError(
+                f"{variable}: cannot read {value!r} as a size; write bytes or a number with "
+                "a unit k, m, g or t (binary, as Docker reads them), e.g. '16g' or '2GiB'"
+            )
+        number, unit, _binary, _suffix = match.groups()
+        try:
+            amount = Decimal(number) * _UNITS[(unit or "").lower()]
+        except InvalidOperation as err:  # pragma: no cover - the pattern admits only digits
+            raise VllmTuningError(f"{variable}: cannot read {value!r} as a size") from err
+        size = int(amount.to_integral_value(rounding=ROUND_FLOOR))
+    if size < 0 or (size == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise VllmTuningError(f"{variable}: a size must be {bound} bytes, got {value!r}")
+    return size
+
+
+def human_size(size: int) -> str:
+    """A short binary rendering for messages: ``8 GiB``, ``819.2 MiB``, ``512 B``."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(size) >= factor:
+            text = f"{size / factor:.2f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+    return f"{size} B"
+
+
+def _ceil_gib(size: int) -> int:
+    return -(-size // GIB)
+
+
+# --------------------------------------------------------------------------- utilisation
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Card memory another tenant needs: ``count`` uses of ``size`` bytes each."""
+
+    name: str
+    size: int
+    count: int
+
+    @property
+    def total(self) -> int:
+        return self.size * self.count
+
+
+def parse_reservations(value: object, variable: str = "vllm_reservations") -> list[Reservation]:
+    """Validate a list of ``{name, bytes, count}`` mappings (``count`` defaults to 1)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise VllmTypeError(
+            f"{variable}: expected a list of {{name, bytes, count}} mappings, "
+            f"got {_type_name(value)}"
+        )
+    result: list[Reservation] = []
+    for index, item in enumerate(value):
+        where = f"{variable}[{index}]"
+        if not isinstance(item, Mapping):
+            raise VllmTypeError(
+                f"{where}: expected a mapping with name, bytes and count, got {_type_name(item)}"
+            )
+        unknown = sorted(str(key) for key in item if key not in {"name", "bytes", "count"})
+        if unknown:
+            raise VllmTuningError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; a reservation has name, bytes "
+                "and count"
+            )
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise VllmTuningError(f"{where}.name: give the tenant a name, got {name!r}")
+        if "bytes" not in item:
+            raise VllmTuningError(f"{where}.bytes: missing; give the size of one use, e.g. 2GiB")
+        size = parse_size(item["bytes"], f"{where}.bytes", allow_zero=True)
+        count = item.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise VllmTuningError(
+                f"{where}.count: expected a whole number of uses (0 or more), got {count!r}"
+            )
+        result.append(Reservation(name=name, size=size, count=count))
+    return result
+
+
+def _check_ceiling(ceiling: object) -> Fraction:
+    if isinstance(ceiling, bool) or not isinstance(ceiling, int | float):
+        raise VllmTypeError(
+            f"vllm_gpu_memory_utilization_max: expected a number in (0, 1], "
+            f"got {_type_name(ceiling)} ({ceiling!r})"
+        )
+    if not 0 < ceiling <= 1:
+        raise VllmTuningError(
+            f"vllm_gpu_memory_utilization_max: {ceiling!r} is outside (0, 1]; "
+            f"the default {DEFAULT_UTILIZATION_CEILING} leaves the driver some room"
+        )
+    return Fraction(str(ceiling))
+
+
+def _check_override(override: object, ceiling: Fraction, ceiling_text: str) -> float:
+    if isinstance(override, bool) or not isinstance(override, int | float):
+        raise VllmTypeError(
+            "vllm_gpu_memory_utilization: expected null (computed) or a number in "
+            f"(0, {ceiling_text}], got {_type_name(override)} ({override!r})"
+        )
+    if not 0 < Fraction(str(override)) <= ceiling:
+        raise VllmTuningError(
+            f"vllm_gpu_memory_utilization: {override!r} is outside (0, {ceiling_text}]; set it "
+            "to null to compute it from the card and its reservations, or to a share in range"
+        )
+    return float(override)
+
+
+def gpu_memory_utilization(
+    card_memory_bytes: object,
+    reservations: object,
+    driver_headroom_bytes: object,
+    ceiling: object = DEFAULT_UTILIZATION_CEILING,
+    override: object = None,
+) -> float:
+    """Share of the card vLLM may claim at start, rounded down to two decimals.
+
+    ``(card - sum(reservations) - headroom) / card``; 32 GiB with two 2 GiB transcodes and
+    0.8 GiB of headroom gives 0.85.  An ``override`` replaces the computation but is
+    validated against the same range ``(0, ceiling]``.
+    """
+    ceiling_q = _check_ceiling(ceiling)
+    ceiling_text = f"{float(ceiling_q):g}"
+    card = parse_size(card_memory_bytes, "vllm_card_memory")
+    tenants = parse_reservations(reservations)
+    headroom = parse_size(driver_headroom_bytes, "vllm_driver_headroom", allow_zero=True)
+    reserved = sum(item.total for item in tenants)
+    if reserved > card:
+        parts = ", ".join(f"{t.name} {t.count} x {human_size(t.size)}" for t in tenants)
+        raise VllmTuningError(
+            f"vllm_reservations: the reservations add up to {human_size(reserved)} ({parts}), "
+            f"more than the card's {human_size(card)} (vllm_card_memory); lower the "
+            "reservations or correct vllm_card_memory"
+        )
+    if override is not None:
+        forced = _check_override(override, ceiling_q, ceiling_text)
+        left = card - int(card * Fraction(str(forced)))
+        if left < reserved:
+            raise VllmTuningError(
+                f"vllm_gpu_memory_utilization: {forced:g} of the card's {human_size(card)} "
+                f"leaves {human_size(left)}, less than the {human_size(reserved)} of "
+                "vllm_reservations; lower it, or set it to null to compute it"
+            )
+        return forced
+    free = card - reserved - headroom
+    hundredths = (100 * free) // card if free > 0 else 0
+    share = Fraction(hundredths, 100)
+    if share <= 0:
+        raise VllmTuningError(
+            f"vllm_gpu_memory_utilization: the computed share {float(share):.2f} is outside "
+            f"(0, {ceiling_text}]: the reservations ({human_size(reserved)}) and "
+            f"vllm_driver_headroom ({human_size(headroom)}) leave "
+            f"{human_size(max(free, 0))} of the card's {human_size(card)} for vLLM; lower "
+            "vllm_reservations or vllm_driver_headroom"
+        )
+    if share > ceiling_q:
+        raise VllmTuningError(
+            f"vllm_gpu_memory_utilization: the computed share {float(share):.2f} is outside "
+            f"(0, {ceiling_text}]: only {human_size(reserved + headroom)} of the card's "
+            f"{human_size(card)} is kept for other tenants and the driver; raise "
+            "vllm_driver_headroom or vllm_reservations, or raise "
+            "vllm_gpu_memory_utilization_max if the card really has no other tenant"
+        )
+    return float(share)
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One validated model catalog entry."""
+
+    name: str
+    source: str
+    hf_repo: str
+    family: str | None
+    native_context: int
+    yarn_supported: bool
+    yarn_max_factor: float | None
+    moe: bool
+    quantization: str
+    bits: int
+    online_quantization: str | None
+    tool_call_parser: str | None
+    host_memory_bytes: int
+    weights_bytes: int | None
+    path: str
+    served_name: str
+
+    def as_dict(self) -> dict[str, object]:
+        """The entry as plain data, for templates and the role's verify step."""
+        return {
+            "name": self.name,
+            "hf_repo": self.hf_repo,
+            "family": self.family,
+            "native_context": self.native_context,
+            "yarn_supported": self.yarn_supported,
+            "yarn_max_factor": self.yarn_max_factor,
+            "moe": self.moe,
+            "quantization": self.quantization,
+            "bits": self.bits,
+            "online_quantization": self.online_quantization,
+            "tool_call_parser": self.tool_call_parser,
+            "host_memory": self.host_memory_bytes,
+            "weights": self.weights_bytes,
+            "path": self.path,
+            "served_name": self.served_name,
+        }
+
+
+_ENTRY_FIELDS = frozenset(
+    {
+        "name",
+        "hf_repo",
+        "family",
+        "native_context",
+        "yarn_supported",
+        "yarn_max_factor",
+        "moe",
+        "quantization",
+        "bits",
+        "online_quantization",
+        "tool_call_parser",
+        "host_memory",
+        "weights",
+        "path",
+        "served_name",
+        "notes",
+    }
+)
+_REQUIRED_FIELDS = (
+    "hf_repo",
+    "native_context",
+    "yarn_supported",
+    "moe",
+    "quantization",
+    "bits",
+    "host_memory",
+)
+
+
+def _entry_str(
+    entry: Mapping[str, object], key: str, where: str, default: str | None
+) -> str | None:
+    value = entry.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise VllmTypeError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _entry_bool(entry: Mapping[str, object], key: str, where: str) -> bool:
+    value = entry[key]
+    if not isinstance(value, bool):
+        raise VllmTypeError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _entry_int(entry: Mapping[str, object], key: str, where: str) -> int:
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise VllmTypeError(f"{where}.{key}: expected a positive whole number, got {value!r}")
+    return value
+
+
+def model_spec(name: object, entry: object, source: str | None = None) -> ModelSpec:
+    """Validate one catalog entry; ``source`` names where it came from in messages."""
+    if not isinstance(name, str) or not _ENTRY_NAME_RE.match(name):
+        raise VllmTuningError(
+            f"vllm_model: {name!r} is not a usable model name; use letters, digits, '.', '_' "
+            "and '-', e.g. Qwen2.5-7B-Instruct"
+        )
+    where = source or f"vllm_model_catalog[{name!r}]"
+    if not isinstance(entry, Mapping):
+        raise VllmTypeError(f"{where}: expected a mapping of model facts, got {_type_name(entry)}")
+    unknown = sorted(str(key) for key in entry if key not in _ENTRY_FIELDS)
+    if unknown:
+        raise VllmTuningError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; known fields are "
+            f"{', '.join(sorted(_ENTRY_FIELDS))}"
+        )
+    missing = [key for key in _REQUIRED_FIELDS if entry.get(key) is None]
+    if missing:
+        raise VllmTuningError(f"{where}: missing field(s) {', '.join(missing)}")
+
+    hf_repo = _entry_str(entry, "hf_repo", where, None)
+    assert hf_repo is not None  # required above
+    family = _entry_str(entry, "family", where, None)
+    native = _entry_int(entry, "native_context", where)
+    yarn = _entry_bool(entry, "yarn_supported", where)
+    moe = _entry_bool(entry, "moe", where)
+    bits = _entry_int(entry, "bits", where)
+
+    max_factor_raw = entry.get("yarn_max_factor")
+    max_factor: float | None = None
+    if max_factor_raw is not None:
+        if isinstance(max_factor_raw, bool) or not isinstance(max_factor_raw, int | float):
+            raise VllmTypeError(
+                f"{where}.yarn_max_factor: expected a number above 1 or null, "
+                f"got {max_factor_raw!r}"
+            )
+        if max_factor_raw <= 1:
+            raise VllmTuningError(
+                f"{where}.yarn_max_factor: {max_factor_raw!r} must be above 1 (or null for "
+                "no documented limit)"
+            )
+        if not yarn:
+            raise VllmTuningError(
+                f"{where}.yarn_max_factor: set only for a model with yarn_supported: true"
+            )
+        max_factor = float(max_factor_raw)
+
+    quant = entry["quantization"]
+    if not isinstance(quant, str) or quant not in ACCEPTED_QUANTIZATIONS:
+        raise VllmTuningError(
+            f"{where}.quantization: {quant!r} is not one of "
+            f"{', '.join(sorted(ACCEPTED_QUANTIZATIONS))}"
+        )
+    if bits not in ACCEPTED_QUANTIZATIONS[quant]:
+        allowed = " or ".join(str(b) for b in sorted(ACCEPTED_QUANTIZATIONS[quant]))
+        raise VllmTuningError(
+            f"{where}.bits: {bits} does not match quantization {quant} (expected {allowed})"
+        )
+    if moe and bits == 4 and quant != "gptq":
+        raise VllmTuningError(
+            f"{where}: an MoE checkpoint quantised to INT4 must be GPTQ for the llm-scaler "
+            f"image (only GPTQ checkpoints get a quantised method for the MoE layers), got "
+            f"{quant}; use a GPTQ-Int4 checkpoint of {name}"
+        )
+    online = _entry_str(entry, "online_quantization", where, None)
+    if online is not None:
+        if online not in ONLINE_QUANTIZATIONS:
+            raise VllmTuningError(
+                f"{where}.online_quantization: {online!r} is not one of "
+                f"{', '.join(sorted(ONLINE_QUANTIZATIONS))} (or null)"
+            )
+        if quant != "none":
+            raise VllmTuningError(
+                f"{where}.online_quantization: {quant} is a pre-quantised checkpoint that vLLM "
+                "detects from its config; do not pass --quantization for it (set "
+                "online_quantization: null)"
+            )
+
+    default_parser = FAMILY_TOOL_CALL_PARSERS.get(family.lower()) if family else None
+    parser = _entry_str(entry, "tool_call_parser", where, default_parser)
+    if parser is not None and not _PARSER_RE.match(parser):
+        raise VllmTuningError(
+            f"{where}.tool_call_parser: {parser!r} is not a vLLM parser name (e.g. hermes, "
+            "qwen3_coder)"
+        )
+
+    host_memory = parse_size(entry["host_memory"], f"{where}.host_memory")
+    weights_raw = entry.get("weights")
+    weights = None if weights_raw is None else parse_size(weights_raw, f"{where}.weights")
+    path = _entry_str(entry, "path", where, hf_repo.rstrip("/").rsplit("/", 1)[-1])
+    served = _entry_str(entry, "served_name", where, name)
+    assert path is not None and served is not None  # both have defaults
+    if path.startswith("/") or ".." in path.split("/"):
+        raise VllmTuningError(
+            f"{where}.path: {path!r} must be relative to the container's model root "
+            "(vllm_container_model_root), without '..'"
+        )
+    return ModelSpec(
+        name=name,
+        source=where,
+        hf_repo=hf_repo,
+        family=family,
+        native_context=native,
+        yarn_supported=yarn,
+        yarn_max_factor=max_factor,
+        moe=moe,
+        quantization=quant,
+        bits=bits,
+        online_quantization=online,
+        tool_call_parser=parser,
+        host_memory_bytes=host_memory,
+        weights_bytes=weights,
+        path=path,
+        served_name=served,
+    )
+
+
+def _as_spec(model: object) -> ModelSpec:
+    """Accept a :class:`ModelSpec` or a catalog entry mapping carrying its ``name``."""
+    if isinstance(model, ModelSpec):
+        return model
+    if not isinstance(model, Mapping):
+        raise VllmTypeError(
+            f"model: expected a catalog entry (a mapping, e.g. from vllm_model_entry), "
+            f"got {_type_name(model)}"
+        )
+    name = model.get("name")
+    return model_spec(name, model, f"model {name!r}")
+
+
+def resolve_model(name: object, catalog: object, extra: object = None) -> ModelSpec:
+    """Look ``name`` up in ``catalog`` with ``extra`` merged over it, field by field."""
+    for variable, value in (("vllm_model_catalog", catalog), ("vllm_model_catalog_extra", extra)):
+        if value is not None and not isinstance(value, Mapping):
+            raise VllmTypeError(
+                f"{variable}: expected a mapping of model name to entry, got {_type_name(value)}"
+            )
+    base: Mapping[str, object] = catalog if isinstance(catalog, Mapping) else {}
+    more: Mapping[str, object] = extra if isinstance(extra, Mapping) else {}
+    if not isinstance(name, str):
+        raise VllmTypeError(f"vllm_model: expected a catalog key, got {_type_name(name)}")
+    if name not in base and name not in more:
+        known = ", ".join(sorted({*map(str, base), *map(str, more)})) or "none"
+        raise VllmTuningError(
+            f"vllm_model: {name!r} is not in vllm_model_catalog or vllm_model_catalog_extra "
+            f"(known: {known}); pick one of those or add an entry to vllm_model_catalog_extra"
+        )
+    merged: dict[str, object] = {}
+    for layer, variable in ((base, "vllm_model_catalog"), (more, "vllm_model_catalog_extra")):
+        entry = layer.get(name)
+        if entry is None:
+            continue
+        if not isinstance(entry, Mapping):
+            raise VllmTypeError(
+                f"{variable}[{name!r}]: expected a mapping of model facts, got {_type_name(entry)}"
+            )
+        merged.update({str(key): value for key, value in entry.items()})
+    source = (
+        f"vllm_model_catalog_extra[{name!r}]" if name in more else f"vllm_model_catalog[{name!r}]"
+    )
+    merged.pop("name", None)
+    return model_spec(name, merged, source)
+
+
+# --------------------------------------------------------------------------- context
+
+
+def _check_target(target_len: object) -> int:
+    if isinstance(target_len, bool) or not isinstance(target_len, int):
+        raise VllmTypeError(
+            f"vllm_context_target: expected a whole number of tokens, "
+            f"got {_type_name(target_len)} ({target_len!r})"
+        )
+    if target_len < MIN_CONTEXT_TOKENS:
+        raise VllmTuningError(
+            f"vllm_context_target: {target_len} tokens is below the minimum "
+            f"{MIN_CONTEXT_TOKENS}; agents send about 16k tokens of prompt and tool schemas, "
+            "so 32768 or more is sensible"
+        )
+    return target_len
+
+
+def yarn_factor(target_len: int, native: int) -> float:
+    """Smallest factor, in hundredths, whose window ``native * factor`` reaches the target."""
+    hundredths = math.ceil(Fraction(100 * target_len, native))
+    while int(native * (hundredths / 100)) < target_len:  # guard float rounding
+        hundredths += 1
+    return hundredths / 100
+
+
+def vllm_context(model: object, target_len: object) -> dict[str, object]:
+    """Context settings for ``target_len`` tokens on ``model``.
+
+    Returns ``max_model_len``, ``rope_scaling`` (mapping or None), ``hf_overrides`` (the
+    JSON for ``--hf-overrides`` or None) and ``yarn_factor`` (float or None).
+    """
+    spec = _as_spec(model)
+    target = _check_target(target_len)
+    native = spec.native_context
+    if target <= native:
+        return {
+            "max_model_len": target,
+            "rope_scaling": None,
+            "hf_overrides": None,
+            "yarn_factor": None,
+        }
+    if not spec.yarn_supported:
+        raise VllmTuningError(
+            f"vllm_context_target: {target} tokens exceeds the native window of {spec.name} "
+            f"({native}) and the model does not support YaRN; lower vllm_context_target to "
+            f"{native} or less, or pick a model with yarn_supported: true"
+        )
+    factor = yarn_factor(target, native)
+    if spec.yarn_max_factor is not None and factor > spec.yarn_max_factor:
+        reachable = int(native * spec.yarn_max_factor)
+        raise VllmTuningError(
+            f"vllm_context_target: {target} tokens needs a YaRN factor of {factor:g} over "
+            f"{spec.name}'s native {native}, above the model's maximum "
+            f"{spec.yarn_max_factor:g}; lower vllm_context_target to {reachable} or less"
+        )
+    rope: dict[str, object] = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": native,
+    }
+    return {
+        "max_model_len": target,
+        "rope_scaling": rope,
+        "hf_overrides": json.dumps({"rope_scaling": rope}, separators=(",", ":")),
+        "yarn_factor": factor,
+    }
+
+
+# --------------------------------------------------------------------------- host memory
+
+
+def required_host_memory(model: object) -> int:
+    """The model's host-memory need plus 25 %, and at least 2 GiB more."""
+    need = _as_spec(model).host_memory_bytes
+    margin = max(math.ceil(need * MEMORY_MARGIN_FRACTION), MEMORY_MARGIN_MIN_BYTES)
+    return need + margin
+
+
+def vllm_memory_cap(model: object, cap: object) -> int:
+    """Validate the container's memory cap (bytes or a Docker size) for ``model``; bytes."""
+    spec = _as_spec(model)
+    limit = parse_size(cap, "vllm_memory_limit")
+    required = required_host_memory(spec)
+    if limit < required:
+        raise VllmTuningError(
+            f"vllm_memory_limit: {human_size(limit)} is below what {spec.name} needs on the "
+            f"host: about {human_size(spec.host_memory_bytes)} plus a margin of 25% (at least "
+            f"2 GiB) makes {human_size(required)}; raise vllm_memory_limit to "
+            f"'{_ceil_gib(required)}g' or more. {SEED_MEMORY_LESSON}"
+        )
+    return limit
+
+
+# --------------------------------------------------------------------------- model args
+
+
+def vllm_model_args(model: object, enable_tool_calls: object = True) -> list[str]:
+    """Command-line arguments a model needs: online quantisation and tool calls."""
+    spec = _as_spec(model)
+    if not isinstance(enable_tool_calls, bool):
+        raise VllmTypeError(
+            f"vllm_enable_tool_calls: expected true or false, got {enable_tool_calls!r}"
+        )
+    args: list[str] = []
+    if spec.online_quantization is not None:
+        args += ["--quantization", spec.online_quantization]
+    if enable_tool_calls:
+        if spec.tool_call_parser is None:
+            raise VllmTuningError(
+                f"vllm_model: {spec.name} has no tool_call_parser (and no family with a known "
+                "one); set tool_call_parser in its catalog entry (vllm_model_catalog_extra), "
+                "or set vllm_enable_tool_calls: false"
+            )
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
+    return args
+
+
+# --------------------------------------------------------------------------- the whole line
+
+SETTINGS_KEYS: tuple[str, ...] = (
+    "vllm_model",
+    "vllm_model_catalog",
+    "vllm_model_catalog_extra",
+    "vllm_card_memory",
+    "vllm_reservations",
+    "vllm_driver_headroom",
+    "vllm_gpu_memory_utilization",
+    "vllm_gpu_memory_utilization_max",
+    "vllm_context_target",
+    "vllm_memory_limit",
+    "vllm_listen_address",
+    "vllm_port",
+    "vllm_container_model_root",
+    "vllm_dtype",
+    "vllm_enable_tool_calls",
+    "vllm_extra_args",
+)
+
+
+def _check_settings(settings: object) -> Mapping[str, object]:
+    if not isinstance(settings, Mapping):
+        raise VllmTypeError(
+            f"settings: expected a mapping of the vllm role's variables, got {_type_name(settings)}"
+        )
+    missing = [key for key in SETTINGS_KEYS if key not in settings]
+    if missing:
+        raise VllmTuningError(
+            f"settings: missing {', '.join(missing)}; pass every variable the role defines "
+            "in its defaults"
+        )
+    return settings
+
+
+def _check_port(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise VllmTuningError(f"vllm_port: expected a TCP port 1-65535, got {value!r}")
+    return value
+
+
+def _check_nonempty(value: object, variable: str, example: str) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise VllmTuningError(
+            f"{variable}: expected a non-empty string without spaces (e.g. {example}), "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _check_dtype(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in KNOWN_DTYPES:
+        raise VllmTuningError(
+            f"vllm_dtype: {value!r} is not one of {', '.join(sorted(KNOWN_DTYPES))} "
+            "(or null to let vLLM choose)"
+        )
+    return value
+
+
+def _check_extra_args(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise VllmTypeError(
+            f"vllm_extra_args: expected a list of strings (one argument each), "
+            f"got {_type_name(value)}"
+        )
+    result: list[str] = []
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise VllmTypeError(
+                f"vllm_extra_args[{index}]: expected a string, got {_type_name(item)}"
+            )
+        text = str(item)
+        flag = text.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise VllmTuningError(
+                f"vllm_extra_args[{index}]: {flag} is computed by the role; {MANAGED_FLAGS[flag]}"
+            )
+        result.append(text)
+    return result
+
+
+def vllm_plan(settings: object) -> dict[str, object]:
+    """Validate the role's settings and compute everything the role renders and verifies.
+
+    Returns ``args`` (the ordered argument list after ``vllm serve``),
+    ``gpu_memory_utilization``, ``context`` (see :func:`vllm_context`),
+    ``memory_limit_bytes`` and ``model`` (the resolved catalog entry).
+    """
+    conf = _check_settings(settings)
+    spec = resolve_model(
+        conf["vllm_model"], conf["vllm_model_catalog"], conf["vllm_model_catalog_extra"]
+    )
+    utilization = gpu_memory_utilization(
+        conf["vllm_card_memory"],
+        conf["vllm_reservations"],
+        conf["vllm_driver_headroom"],
+        ceiling=conf["vllm_gpu_memory_utilization_max"],
+        override=conf["vllm_gpu_memory_utilization"],
+    )
+    card = parse_size(conf["vllm_card_memory"], "vllm_card_memory")
+    if spec.weights_bytes is not None:
+        share = int(card * Fraction(str(utilization)))
+        if spec.weights_bytes >= share:
+            raise VllmTuningError(
+                f"vllm_model: the weights of {spec.name} (about "
+                f"{human_size(spec.weights_bytes)}) do not fit the {human_size(share)} vLLM "
+                f"may claim ({utilization:.2f} of {human_size(card)}), leaving nothing for "
+                "the KV cache; pick a smaller or quantised model, or lower vllm_reservations"
+            )
+    context = vllm_context(spec, conf["vllm_context_target"])
+    memory_limit = vllm_memory_cap(spec, conf["vllm_memory_limit"])
+    host = _check_nonempty(conf["vllm_listen_address"], "vllm_listen_address", "0.0.0.0")
+    port = _check_port(conf["vllm_port"])
+    root = _check_nonempty(
+        conf["vllm_container_model_root"], "vllm_container_model_root", "/llm/models"
+    )
+    if not root.startswith("/"):
+        raise VllmTuningError(
+            f"vllm_container_model_root: expected an absolute path inside the container "
+            f"(e.g. /llm/models), got {root!r}"
+        )
+    dtype = _check_dtype(conf["vllm_dtype"])
+    model_args = vllm_model_args(spec, conf["vllm_enable_tool_calls"])
+    extra = _check_extra_args(conf["vllm_extra_args"])
+
+    args = [
+        f"{root.rstrip('/')}/{spec.path}",
+        "--served-model-name",
+        spec.served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--gpu-memory-utilization",
+        f"{utilization:.2f}",
+        "--max-model-len",
+        str(context["max_model_len"]),
+    ]
+    if context["hf_overrides"] is not None:
+        args += ["--hf-overrides", str(context["hf_overrides"])]
+    args += model_args
+    if dtype is not None:
+        args += ["--dtype", dtype]
+    args += extra
+    return {
+        "args": args,
+        "gpu_memory_utilization": utilization,
+        "context": context,
+        "memory_limit_bytes": memory_limit,
+        "model": spec.as_dict(),
+    }
+
+
+def vllm_serve_args(settings: object) -> list[str]:
+    """The full, ordered argument list after ``vllm serve`` (model path first)."""
+    args = vllm_plan(settings)["args"]
+    assert isinstance(args, list)
+    return [str(arg) for arg in args]
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def _image_tag(image: str) -> str:
+    """The tag of an image reference (``""`` when it has none); a digest is ignored."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else ""
+
+
+def compose_command(args: object, image: object, mode: object = "auto") -> dict[str, object]:
+    """How Compose hands ``args`` to the image: ``{"mode", "entrypoint", "command"}``.
+
+    ``command`` mode (0.21 images) passes the arguments as the compose ``command:``, which the
+    image forwards to ``vllm serve``.  ``entrypoint`` mode (0.14 images, whose entrypoint is
+    ``bash -c "vllm serve"`` and drops compose arguments) replaces the entrypoint with a shell
+    that sources oneAPI and execs ``vllm serve`` with the quoted arguments.  ``auto`` picks
+    ``entrypoint`` for tags starting with ``0.14`` and ``command`` otherwise.
+    """
+    if not isinstance(image, str) or not image.strip():
+        raise VllmTuningError(
+            f"vllm_image: expected an image reference such as "
+            f"intel/llm-scaler-vllm:0.21.0-b2, got {image!r}"
+        )
+    if not isinstance(mode, str) or mode not in ENTRYPOINT_MODES:
+        raise VllmTuningError(
+            f"vllm_image_entrypoint_mode: {mode!r} is not one of "
+            f"{', '.join(sorted(ENTRYPOINT_MODES))}"
+        )
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise VllmTypeError(f"args: expected a list of strings, got {_type_name(args)}")
+    argv = [str(arg) for arg in args]
+    tag = _image_tag(image)
+    if tag in {"", "latest"}:
+        raise VllmTuningError(
+            f"vllm_image: {image!r} has no pinned tag; pin a release such as "
+            "intel/llm-scaler-vllm:0.21.0-b2 (Intel asks not to use latest)"
+        )
+    chosen = mode if mode != "auto" else ("entrypoint" if tag.startswith("0.14") else "command")
+    if chosen == "command":
+        return {"mode": chosen, "entrypoint": None, "command": argv}
+    script = "source /opt/intel/oneapi/setvars.sh --force && exec vllm serve " + shlex.join(argv)
+    return {"mode": chosen, "entrypoint": ["bash", "-c", script], "command": None}

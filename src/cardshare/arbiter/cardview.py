@@ -1,0 +1,170 @@
+"""Who is on the card, as the arbiter sees it: a small adapter over the recorder's data.
+
+The recorder writes ``current.json`` atomically into its data directory. This module reads
+it into a :class:`CardView` (scan time, clients with name, VRAM bytes and busy engines) and,
+when the data is older than allowed, runs a configured command for a fresh scan. The
+parser accepts the recorder's snapshot (``timestamp_unix`` and ``cards.<pdev>.clients``)
+and a flat ``clients`` list, so a change of the recorder's layout stays in this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+# A client whose engine busy share is above this counts as working on the card.
+BUSY_THRESHOLD = 0.0
+
+
+@dataclass(frozen=True)
+class CardClient:
+    name: str
+    vram_bytes: int
+    busy_engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CardView:
+    scanned_at: float  # unix seconds
+    clients: tuple[CardClient, ...]
+
+    def age(self, now: float) -> float:
+        return now - self.scanned_at
+
+    def others(self, allowed: Iterable[str]) -> tuple[CardClient, ...]:
+        """Clients not in ``allowed`` that hold VRAM or keep an engine busy."""
+        names = set(allowed)
+        return tuple(
+            c for c in self.clients if c.name not in names and (c.vram_bytes > 0 or c.busy_engines)
+        )
+
+    def vram_of(self, names: Iterable[str]) -> int:
+        wanted = set(names)
+        return sum(c.vram_bytes for c in self.clients if c.name in wanted)
+
+
+class CardDataError(ValueError):
+    pass
+
+
+def _timestamp(doc: dict[str, Any]) -> float:
+    for key in ("timestamp_unix", "scanned_at", "time"):
+        value = doc.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    value = doc.get("timestamp")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    raise CardDataError("card data has no scan time (timestamp_unix or timestamp)")
+
+
+def _client(raw: Any) -> CardClient:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise CardDataError(f"card data client without a name: {raw!r}"[:200])
+    vram = raw.get("vram_bytes", 0)
+    if isinstance(vram, bool) or not isinstance(vram, int | float):
+        raise CardDataError(f"card data client {raw['name']} has vram_bytes {vram!r}")
+    engines = raw.get("engines") or {}
+    busy: list[str] = []
+    if isinstance(engines, dict):
+        busy = [
+            str(cls)
+            for cls, ratio in sorted(engines.items())
+            if isinstance(ratio, int | float) and ratio > BUSY_THRESHOLD
+        ]
+    elif isinstance(engines, list):
+        busy = sorted(str(e) for e in engines)
+    return CardClient(name=raw["name"], vram_bytes=int(vram), busy_engines=tuple(busy))
+
+
+def parse_card_view(doc: Any) -> CardView:
+    """Pure: one decoded ``current.json`` to a :class:`CardView` (clients of all cards)."""
+    if not isinstance(doc, dict):
+        raise CardDataError(f"card data must be a JSON object, got {type(doc).__name__}")
+    raw_clients: list[Any] = []
+    cards = doc.get("cards")
+    if isinstance(cards, dict):
+        for card in cards.values():
+            if isinstance(card, dict):
+                raw_clients.extend(card.get("clients") or [])
+    elif isinstance(cards, list):
+        for card in cards:
+            if isinstance(card, dict):
+                raw_clients.extend(card.get("clients") or [])
+    if isinstance(doc.get("clients"), list):
+        raw_clients.extend(doc["clients"])
+    return CardView(scanned_at=_timestamp(doc), clients=tuple(_client(c) for c in raw_clients))
+
+
+class CardSource(Protocol):
+    async def read(self, newer_than: float | None = None) -> CardView:
+        """The card view. With ``newer_than``, data scanned before that time triggers a
+        fresh scan first (the result may still be older: callers check)."""
+        ...
+
+
+class RecorderFileSource:
+    """Reads the recorder's ``current.json``; runs ``scan_argv`` for a fresh scan on demand."""
+
+    def __init__(
+        self,
+        path: Path,
+        scan_argv: Sequence[str],
+        scan_timeout: float = 60.0,
+    ) -> None:
+        self.path = path
+        self.scan_argv = tuple(scan_argv)
+        self.scan_timeout = scan_timeout
+
+    def _load(self) -> CardView:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CardDataError(f"cannot read card data {self.path}: {exc.strerror}") from exc
+        try:
+            return parse_card_view(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise CardDataError(f"card data {self.path} is not JSON: {exc}") from exc
+
+    async def scan(self) -> None:
+        if not self.scan_argv:
+            return
+        proc = await asyncio.create_subprocess_exec(
+            *self.scan_argv,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), self.scan_timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise CardDataError(
+                f"fresh scan {self.scan_argv[0]} took longer than {self.scan_timeout:g} s"
+            ) from None
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip()[-300:]
+            raise CardDataError(f"fresh scan {self.scan_argv[0]} exited {proc.returncode}: {tail}")
+
+    async def read(self, newer_than: float | None = None) -> CardView:
+        try:
+            view: CardView | None = self._load()
+        except CardDataError:
+            if newer_than is None or not self.scan_argv:
+                raise
+            view = None
+        if newer_than is not None and (view is None or view.scanned_at < newer_than):
+            await self.scan()
+            view = self._load()
+        assert view is not None
+        return view

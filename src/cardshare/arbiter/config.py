@@ -1,0 +1,216 @@
+"""The arbiter's configuration: a JSON file, validated at start with messages that name
+the key, the bad value and the fix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    project: str
+    service: str
+
+    @property
+    def client_name(self) -> str:
+        """How the recorder names the container's DRM client (compose project/service)."""
+        return f"{self.project}/{self.service}"
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path
+    vllm_url: str
+    served_model_name: str
+    comfyui_url: str
+    card_current_json: Path
+    token_file: Path
+    llm_container: ContainerRef = ContainerRef("vllm", "vllm")
+    image_container: ContainerRef = ContainerRef("comfyui", "comfyui")
+    docker_socket: str = "/var/run/docker.sock"
+    proxy_url: str | None = None
+    card_scan_argv: tuple[str, ...] = ()
+    card_data_max_age_seconds: float = 120.0
+    llm_client_names: tuple[str, ...] = ()
+    image_client_names: tuple[str, ...] = ()
+    idle_seconds: float = 60.0
+    max_image_seconds: float = 900.0
+    poll_interval_seconds: float = 2.0
+    stop_timeout_seconds: int = 30
+    llm_release_timeout_seconds: float = 120.0
+    image_ready_timeout_seconds: float = 300.0
+    image_release_timeout_seconds: float = 120.0
+    llm_ready_timeout_seconds: float = 600.0
+    job_timeout_seconds: float = 1800.0
+    http_timeout_seconds: float = 10.0
+    llm_retry_backoff_seconds: float = 10.0
+    llm_retry_backoff_max_seconds: float = 300.0
+    job_max_attempts: int = 3
+    handback_on_waiting_agent: bool = True
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8090
+    max_payload_bytes: int = 32 * 1024 * 1024
+    swap_history: int = 20
+
+    @property
+    def llm_names(self) -> tuple[str, ...]:
+        return self.llm_client_names or (self.llm_container.client_name,)
+
+    @property
+    def image_names(self) -> tuple[str, ...]:
+        return self.image_client_names or (self.image_container.client_name,)
+
+
+_REQUIRED_STR = ("vllm_url", "served_model_name", "comfyui_url")
+_REQUIRED_PATH = ("data_dir", "card_current_json", "token_file")
+_POSITIVE_FLOAT = (
+    "card_data_max_age_seconds",
+    "idle_seconds",
+    "max_image_seconds",
+    "poll_interval_seconds",
+    "llm_release_timeout_seconds",
+    "image_ready_timeout_seconds",
+    "image_release_timeout_seconds",
+    "llm_ready_timeout_seconds",
+    "job_timeout_seconds",
+    "http_timeout_seconds",
+    "llm_retry_backoff_seconds",
+    "llm_retry_backoff_max_seconds",
+)
+_POSITIVE_INT = ("stop_timeout_seconds", "job_max_attempts", "max_payload_bytes", "swap_history")
+_KNOWN = (
+    set(_REQUIRED_STR)
+    | set(_REQUIRED_PATH)
+    | set(_POSITIVE_FLOAT)
+    | set(_POSITIVE_INT)
+    | {
+        "llm_container",
+        "image_container",
+        "docker_socket",
+        "proxy_url",
+        "card_scan_argv",
+        "llm_client_names",
+        "image_client_names",
+        "handback_on_waiting_agent",
+        "listen_host",
+        "listen_port",
+    }
+)
+
+
+def _err(key: str, value: Any, fix: str) -> ConfigError:
+    return ConfigError(f"config key {key!r} has value {value!r}: {fix}")
+
+
+def _url(raw: dict[str, Any], key: str) -> str:
+    value = raw[key]
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise _err(key, value, "set it to an http:// or https:// base URL")
+    return value.rstrip("/")
+
+
+def _container(raw: dict[str, Any], key: str, default: ContainerRef) -> ContainerRef:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if (
+        not isinstance(value, dict)
+        or set(value) != {"project", "service"}
+        or not all(isinstance(v, str) and v for v in value.values())
+    ):
+        raise _err(key, value, 'set it to {"project": "<compose project>", "service": "<service>"}')
+    return ContainerRef(value["project"], value["service"])
+
+
+def _str_list(raw: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _err(key, value, "set it to a list of non-empty strings")
+    return tuple(value)
+
+
+def parse_config(raw: Any) -> Config:
+    """Validate a decoded JSON document and build a :class:`Config`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise _err(unknown[0], raw[unknown[0]], "remove it (unknown key; check its spelling)")
+    for key in (*_REQUIRED_STR, *_REQUIRED_PATH):
+        if key not in raw:
+            raise ConfigError(f"config key {key!r} is missing: set it")
+    for key in _REQUIRED_PATH:
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise _err(key, raw[key], "set it to a path")
+    if not isinstance(raw["served_model_name"], str) or not raw["served_model_name"]:
+        raise _err("served_model_name", raw["served_model_name"], "set it to vLLM's model name")
+    kwargs: dict[str, Any] = {
+        "data_dir": Path(raw["data_dir"]),
+        "card_current_json": Path(raw["card_current_json"]),
+        "token_file": Path(raw["token_file"]),
+        "vllm_url": _url(raw, "vllm_url"),
+        "comfyui_url": _url(raw, "comfyui_url"),
+        "served_model_name": raw["served_model_name"],
+        "llm_container": _container(raw, "llm_container", ContainerRef("vllm", "vllm")),
+        "image_container": _container(raw, "image_container", ContainerRef("comfyui", "comfyui")),
+        "card_scan_argv": _str_list(raw, "card_scan_argv"),
+        "llm_client_names": _str_list(raw, "llm_client_names"),
+        "image_client_names": _str_list(raw, "image_client_names"),
+    }
+    if raw.get("proxy_url") is not None:
+        kwargs["proxy_url"] = _url(raw, "proxy_url")
+    for key in ("docker_socket", "listen_host"):
+        if key in raw:
+            if not isinstance(raw[key], str) or not raw[key]:
+                raise _err(key, raw[key], "set it to a non-empty string")
+            kwargs[key] = raw[key]
+    for key in _POSITIVE_FLOAT:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise _err(key, value, "set it to a number greater than 0")
+            kwargs[key] = float(value)
+    for key in _POSITIVE_INT:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise _err(key, value, "set it to a whole number greater than 0")
+            kwargs[key] = value
+    if "listen_port" in raw:
+        port = raw["listen_port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise _err("listen_port", port, "set it to a TCP port between 1 and 65535")
+        kwargs["listen_port"] = port
+    if "handback_on_waiting_agent" in raw:
+        if not isinstance(raw["handback_on_waiting_agent"], bool):
+            raise _err(
+                "handback_on_waiting_agent", raw["handback_on_waiting_agent"], "use true or false"
+            )
+        kwargs["handback_on_waiting_agent"] = raw["handback_on_waiting_agent"]
+    config = Config(**kwargs)
+    if config.llm_retry_backoff_max_seconds < config.llm_retry_backoff_seconds:
+        raise _err(
+            "llm_retry_backoff_max_seconds",
+            raw.get("llm_retry_backoff_max_seconds"),
+            "set it at least as large as llm_retry_backoff_seconds",
+        )
+    return config
+
+
+def load_config(path: Path) -> Config:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+    return parse_config(raw)

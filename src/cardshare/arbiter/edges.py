@@ -1,0 +1,218 @@
+"""The arbiter's I/O edges: containers, vLLM, ComfyUI, the proxy.
+
+Each edge is a small Protocol so the engine can be tested with fakes; the real
+implementations speak HTTP (aiohttp) and the Docker Engine API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Literal, Protocol
+
+import aiohttp
+
+from cardshare.arbiter.config import Config, ContainerRef
+from cardshare.docker_api import ContainerState, DockerClient, DockerError
+
+Role = Literal["llm", "image"]
+
+
+class Unavailable(Exception):
+    """The service did not answer (refused, reset, timed out, 5xx)."""
+
+
+class Rejected(Exception):
+    """The service answered 4xx: the request itself is wrong."""
+
+    def __init__(self, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class Containers(Protocol):
+    async def state(self, role: Role) -> ContainerState: ...
+    async def start(self, role: Role) -> None: ...
+    async def stop(self, role: Role, timeout_seconds: int) -> None: ...
+    async def logs_tail(self, role: Role, lines: int = 50) -> str: ...
+
+
+class LlmApi(Protocol):
+    async def metrics(self) -> str: ...
+    async def health(self) -> int: ...
+    async def one_token(self) -> None: ...
+
+
+class ComfyApi(Protocol):
+    async def ready(self) -> bool: ...
+    async def upload_image(self, name: str, data: bytes) -> str: ...
+    async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str: ...
+    async def history(self, prompt_id: str) -> dict[str, Any] | None: ...
+    async def in_queue(self, prompt_id: str) -> bool: ...
+    async def view(self, filename: str, subfolder: str, kind: str) -> bytes: ...
+
+
+class ProxyApi(Protocol):
+    async def state(self) -> dict[str, Any]: ...
+
+
+# -- real implementations -------------------------------------------------------------
+
+
+class DockerContainers:
+    """Containers found by their compose labels, through the Engine API in a thread."""
+
+    def __init__(self, client: DockerClient, refs: dict[Role, ContainerRef]) -> None:
+        self.client = client
+        self.refs = refs
+
+    async def _id(self, role: Role) -> str:
+        ref = self.refs[role]
+        found = await asyncio.to_thread(
+            self.client.find_compose_container, ref.project, ref.service
+        )
+        return found.id
+
+    async def state(self, role: Role) -> ContainerState:
+        return await asyncio.to_thread(self.client.inspect, await self._id(role))
+
+    async def start(self, role: Role) -> None:
+        await asyncio.to_thread(self.client.start, await self._id(role))
+
+    async def stop(self, role: Role, timeout_seconds: int) -> None:
+        await asyncio.to_thread(self.client.stop, await self._id(role), timeout_seconds)
+
+    async def logs_tail(self, role: Role, lines: int = 50) -> str:
+        return await asyncio.to_thread(self.client.logs_tail, await self._id(role), lines)
+
+
+_NET_ERRORS = (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError)
+
+
+class _Http:
+    def __init__(self, session: aiohttp.ClientSession, base: str, timeout: float) -> None:
+        self.session = session
+        self.base = base
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def request(
+        self, method: str, path: str, *, ok: tuple[int, ...] = (200,), **kwargs: Any
+    ) -> tuple[int, bytes]:
+        url = self.base + path
+        try:
+            async with self.session.request(method, url, timeout=self.timeout, **kwargs) as resp:
+                body = await resp.read()
+                status = resp.status
+        except _NET_ERRORS as exc:
+            raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if status in ok:
+            return status, body
+        text = body.decode("utf-8", "replace")[:500]
+        if 400 <= status < 500:
+            detail: Any = None
+            try:
+                detail = json.loads(body)
+            except ValueError:
+                detail = text
+            raise Rejected(f"{method} {url} answered {status}: {text}", detail)
+        raise Unavailable(f"{method} {url} answered {status}: {text}")
+
+
+class HttpLlm:
+    def __init__(self, session: aiohttp.ClientSession, config: Config) -> None:
+        self.http = _Http(session, config.vllm_url, config.http_timeout_seconds)
+        self.model = config.served_model_name
+
+    async def metrics(self) -> str:
+        return (await self.http.request("GET", "/metrics"))[1].decode("utf-8", "replace")
+
+    async def health(self) -> int:
+        status, _ = await self.http.request("GET", "/health", ok=(200,))
+        return status
+
+    async def one_token(self) -> None:
+        payload = {"model": self.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        _, body = await self.http.request("POST", "/v1/completions", json=payload)
+        doc = json.loads(body)
+        if not isinstance(doc, dict) or not doc.get("choices"):
+            raise Unavailable(f"one-token completion answered without choices: {body[:200]!r}")
+
+
+class HttpComfy:
+    def __init__(self, session: aiohttp.ClientSession, config: Config) -> None:
+        self.http = _Http(session, config.comfyui_url, config.http_timeout_seconds)
+        self.client_id = "cardshare-arbiter"
+
+    async def ready(self) -> bool:
+        try:
+            _, body = await self.http.request("GET", "/object_info")
+        except (Unavailable, Rejected):
+            return False
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and bool(doc)
+
+    async def upload_image(self, name: str, data: bytes) -> str:
+        form = aiohttp.FormData()
+        form.add_field("image", data, filename=name, content_type="image/png")
+        form.add_field("overwrite", "true")
+        _, body = await self.http.request("POST", "/upload/image", data=form)
+        doc = json.loads(body)
+        stored = str(doc.get("name", name))
+        sub = str(doc.get("subfolder", "") or "")
+        return f"{sub}/{stored}" if sub else stored
+
+    async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str:
+        payload = {"prompt": workflow, "client_id": self.client_id, "prompt_id": prompt_id}
+        _, body = await self.http.request("POST", "/prompt", json=payload)
+        doc = json.loads(body)
+        return str(doc.get("prompt_id", prompt_id))
+
+    async def history(self, prompt_id: str) -> dict[str, Any] | None:
+        _, body = await self.http.request("GET", f"/history/{prompt_id}")
+        doc = json.loads(body)
+        entry = doc.get(prompt_id) if isinstance(doc, dict) else None
+        return entry if isinstance(entry, dict) else None
+
+    async def in_queue(self, prompt_id: str) -> bool:
+        _, body = await self.http.request("GET", "/queue")
+        doc = json.loads(body)
+        for key in ("queue_running", "queue_pending"):
+            for item in doc.get(key) or []:
+                if isinstance(item, list) and len(item) > 1 and item[1] == prompt_id:
+                    return True
+        return False
+
+    async def view(self, filename: str, subfolder: str, kind: str) -> bytes:
+        params = {"filename": filename, "subfolder": subfolder, "type": kind}
+        return (await self.http.request("GET", "/view", params=params))[1]
+
+
+class HttpProxy:
+    def __init__(self, session: aiohttp.ClientSession, base: str, timeout: float) -> None:
+        self.http = _Http(session, base, timeout)
+
+    async def state(self) -> dict[str, Any]:
+        doc = json.loads((await self.http.request("GET", "/proxy/state"))[1])
+        if not isinstance(doc, dict):
+            raise Unavailable("proxy state is not a JSON object")
+        return doc
+
+
+__all__ = [
+    "ComfyApi",
+    "ContainerState",
+    "Containers",
+    "DockerContainers",
+    "DockerError",
+    "HttpComfy",
+    "HttpLlm",
+    "HttpProxy",
+    "LlmApi",
+    "ProxyApi",
+    "Rejected",
+    "Role",
+    "Unavailable",
+]

@@ -1,0 +1,130 @@
+"""What to do after a restart: pure plans from the persisted phase and the real world.
+
+An arbiter killed at any moment (SIGKILL included) starts again from its database. These
+functions compare the persisted phase with the containers' actual states and, for a job
+that was running, with ComfyUI's history, and say where to continue. Actions of every
+phase are idempotent (stopping a stopped container, starting a running one, waiting for
+a release that already happened), so "continue in the same phase" is always safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from cardshare.arbiter.states import Phase
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    phase: Phase  # where to continue (may be the persisted phase itself)
+    reason: str
+
+
+def plan_resume(
+    phase: Phase, llm_running: bool, image_running: bool, queue_length: int
+) -> ResumePlan:
+    """Where to continue, given the persisted phase and the containers' real states."""
+    if phase is Phase.SERVE_LLM:
+        if image_running:
+            return ResumePlan(Phase.STOP_IMAGE, "ComfyUI runs while serving the LLM: hand back")
+        if not llm_running:
+            return ResumePlan(Phase.START_LLM, "vLLM is not running: start it")
+        return ResumePlan(phase, "vLLM runs: keep serving")
+    if phase in (Phase.STOP_LLM, Phase.WAIT_LLM_RELEASE):
+        if queue_length == 0:
+            if llm_running and not image_running:
+                return ResumePlan(Phase.SERVE_LLM, "no jobs left and vLLM still runs: back to llm")
+            return ResumePlan(Phase.STOP_IMAGE, "no jobs left: hand the card back")
+        if llm_running and phase is Phase.WAIT_LLM_RELEASE:
+            return ResumePlan(Phase.STOP_LLM, "vLLM runs again: stop it again")
+        return ResumePlan(phase, "jobs queued: continue the swap")
+    if phase in (Phase.START_IMAGE, Phase.WAIT_IMAGE_READY, Phase.RUN_JOBS):
+        if llm_running:
+            return ResumePlan(Phase.STOP_IMAGE, "vLLM runs beside ComfyUI: hand back")
+        if queue_length == 0:
+            return ResumePlan(Phase.STOP_IMAGE, "no jobs left: hand the card back")
+        if phase is Phase.RUN_JOBS and not image_running:
+            return ResumePlan(Phase.START_IMAGE, "ComfyUI is not running: start it again")
+        return ResumePlan(phase, "continue")
+    if phase is Phase.START_LLM and llm_running and not image_running:
+        return ResumePlan(Phase.WAIT_LLM_READY, "vLLM already started: wait until ready")
+    # stop_image, wait_image_release, start_llm, wait_llm_ready: idempotent, continue
+    return ResumePlan(phase, "continue the handback")
+
+
+class JobStep(StrEnum):
+    NEW_ATTEMPT = "new_attempt"  # no prompt recorded: submit under a new prompt id
+    SUBMIT_SAME = "submit_same"  # recorded but ComfyUI never saw it: submit that prompt id
+    POLL = "poll"  # ComfyUI has it queued or running: keep polling its history
+    FETCH_OUTPUTS = "fetch_outputs"  # finished successfully: fetch the outputs
+    FAILED = "failed"  # finished with an error
+
+
+def history_status(entry: dict[str, Any] | None) -> str | None:
+    """``success`` / ``error`` for a finished history entry, None while unfinished."""
+    if not entry:
+        return None
+    status = entry.get("status")
+    if not isinstance(status, dict):
+        return "success" if entry.get("outputs") else None
+    status_str = status.get("status_str")
+    if status_str == "error":
+        return "error"
+    if status.get("completed") is True or status_str == "success":
+        return "success"
+    return None
+
+
+def plan_job_step(prompt_id: str | None, history: dict[str, Any] | None, in_queue: bool) -> JobStep:
+    """The next step for a job, from its recorded prompt id and what ComfyUI knows.
+
+    The prompt id is recorded before submission, so a prompt finished while the arbiter
+    was down is found in the history and never submitted again.
+    """
+    if prompt_id is None:
+        return JobStep.NEW_ATTEMPT
+    finished = history_status(history)
+    if finished == "success":
+        return JobStep.FETCH_OUTPUTS
+    if finished == "error":
+        return JobStep.FAILED
+    if history or in_queue:
+        return JobStep.POLL
+    return JobStep.SUBMIT_SAME
+
+
+def history_error(entry: dict[str, Any]) -> str:
+    """The error text of a failed prompt from its history messages."""
+    status = entry.get("status") or {}
+    for message in status.get("messages") or []:
+        if isinstance(message, list) and len(message) == 2 and message[0] == "execution_error":
+            data = message[1] if isinstance(message[1], dict) else {}
+            node = data.get("node_type") or data.get("node_id") or "?"
+            kind = data.get("exception_type") or "error"
+            text = str(data.get("exception_message") or "").strip()
+            return f"node {node} raised {kind}: {text}"
+    return "ComfyUI reported status error without an execution_error message"
+
+
+def history_images(entry: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(filename, subfolder, type) of the prompt's output images, saved ones first.
+
+    Preview images (type ``temp``) are only used when the workflow saved none.
+    """
+    found: list[tuple[str, str, str]] = []
+    outputs = entry.get("outputs") or {}
+    for node_id in sorted(outputs, key=lambda k: (len(str(k)), str(k))):
+        node = outputs[node_id]
+        for image in (node.get("images") if isinstance(node, dict) else None) or []:
+            if isinstance(image, dict) and image.get("filename"):
+                found.append(
+                    (
+                        str(image["filename"]),
+                        str(image.get("subfolder", "") or ""),
+                        str(image.get("type", "output") or "output"),
+                    )
+                )
+    saved = [i for i in found if i[2] == "output"]
+    return saved or found

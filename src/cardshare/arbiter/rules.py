@@ -1,0 +1,242 @@
+"""The arbiter's decisions, as pure functions of observations, config and the time.
+
+Nothing here does I/O: the engine gathers observations (vLLM's /metrics, the proxy's
+state, the card view, the queue) and asks these functions what to do. Every decision
+carries its reasons, which the status endpoint shows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cardshare.arbiter.cardview import CardView
+from cardshare.arbiter.config import Config
+
+
+class MetricsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    running: float
+    waiting: float
+    success_total: float
+
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
+)
+
+
+def parse_vllm_metrics(text: str) -> VllmMetrics:
+    """Sum vLLM's request gauges and its success counter over all label sets.
+
+    ``vllm:request_success_total`` is summed over ``finished_reason`` (and model names); a
+    vLLM that has finished no request yet may not print it: that counts as 0.
+    """
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        sums[match["name"]] = sums.get(match["name"], 0.0) + value
+    missing = [
+        name
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+        if name not in sums
+    ]
+    if missing:
+        raise MetricsError(f"vLLM /metrics lacks {', '.join(missing)}")
+    return VllmMetrics(
+        running=sums["vllm:num_requests_running"],
+        waiting=sums["vllm:num_requests_waiting"],
+        success_total=sums.get("vllm:request_success_total", 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class LlmActivity:
+    """When vLLM was last seen active, and the success counter at the last poll."""
+
+    last_active_at: float
+    last_success_total: float | None = None
+
+
+def update_activity(prev: LlmActivity, metrics: VllmMetrics, now: float) -> LlmActivity:
+    """Active = a request running or waiting, or the success counter moved since last poll.
+
+    A counter that went down (vLLM restarted) counts as activity too.
+    """
+    changed = prev.last_success_total is not None and metrics.success_total != (
+        prev.last_success_total
+    )
+    active = metrics.running > 0 or metrics.waiting > 0 or changed
+    return LlmActivity(
+        last_active_at=now if active else prev.last_active_at,
+        last_success_total=metrics.success_total,
+    )
+
+
+@dataclass(frozen=True)
+class ProxyState:
+    in_flight: int
+    held: int
+    oldest_held_seconds: float | None = None
+    last_request_started: float | None = None
+    last_request_finished: float | None = None
+
+
+def parse_proxy_state(doc: Any) -> ProxyState:
+    if not isinstance(doc, dict):
+        raise ValueError(f"proxy state must be a JSON object, got {type(doc).__name__}")
+
+    def num(key: str) -> float | None:
+        value = doc.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"proxy state {key} is {value!r}, expected a number or null")
+        return float(value)
+
+    in_flight = num("in_flight")
+    held = num("held")
+    if in_flight is None or held is None:
+        raise ValueError("proxy state lacks in_flight or held")
+    return ProxyState(
+        in_flight=int(in_flight),
+        held=int(held),
+        oldest_held_seconds=num("oldest_held_seconds"),
+        last_request_started=num("last_request_started"),
+        last_request_finished=num("last_request_finished"),
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    go: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SwapObservations:
+    queue_length: int
+    activity: LlmActivity | None  # None: vLLM's metrics could not be read
+    metrics_error: str | None = None
+    proxy: ProxyState | None = None
+    proxy_error: str | None = None  # set when a configured proxy did not answer
+    card: CardView | None = None
+    card_error: str | None = None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def describe_client(name: str, vram_bytes: int, busy: tuple[str, ...]) -> str:
+    parts = [f"holds {_gib(vram_bytes)} VRAM"] if vram_bytes > 0 else []
+    if busy:
+        parts.append(f"keeps {', '.join(busy)} busy")
+    return f"{name} " + " and ".join(parts)
+
+
+def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> Decision:
+    """All must hold: jobs queued, vLLM idle long enough, proxy empty, card free of others."""
+    blockers: list[str] = []
+    if obs.queue_length <= 0:
+        return Decision(False, ("the job queue is empty",))
+    idle_for: float | None = None
+    if obs.activity is None:
+        blockers.append(f"vLLM metrics unavailable ({obs.metrics_error or 'no answer'})")
+    else:
+        last = obs.activity.last_active_at
+        if obs.proxy is not None:
+            for ts in (obs.proxy.last_request_started, obs.proxy.last_request_finished):
+                if ts is not None:
+                    last = max(last, ts)
+        idle_for = now - last
+        if idle_for < config.idle_seconds:
+            blockers.append(
+                f"vLLM was active {idle_for:.0f} s ago (needs {config.idle_seconds:g} s idle)"
+            )
+    if obs.proxy_error is not None:
+        blockers.append(f"proxy state unavailable ({obs.proxy_error})")
+    elif obs.proxy is not None and (obs.proxy.in_flight > 0 or obs.proxy.held > 0):
+        blockers.append(
+            f"the proxy has {obs.proxy.in_flight} request(s) in flight and {obs.proxy.held} held"
+        )
+    if obs.card is None:
+        blockers.append(f"card data unavailable ({obs.card_error or 'not read'})")
+    else:
+        age = obs.card.age(now)
+        if age > config.card_data_max_age_seconds:
+            blockers.append(
+                f"card data is {age:.0f} s old (max {config.card_data_max_age_seconds:g} s)"
+                " even after a fresh scan"
+            )
+        for other in obs.card.others(config.llm_names):
+            blockers.append(
+                "another client is on the card: "
+                + describe_client(other.name, other.vram_bytes, other.busy_engines)
+            )
+    if blockers:
+        return Decision(False, tuple(blockers))
+    return Decision(
+        True,
+        (
+            f"{obs.queue_length} job(s) queued",
+            f"vLLM idle for {idle_for:.0f} s",
+            "no other client on the card",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class HandbackObservations:
+    queue_length: int
+    image_since: float
+    job_running: bool
+    proxy: ProxyState | None = None
+
+
+def should_hand_back(obs: HandbackObservations, config: Config, now: float) -> Decision:
+    """Hand back when the queue is empty, time is up, or (policy) an agent waits; never
+    while a job runs."""
+    reasons: list[str] = []
+    if obs.queue_length <= 0:
+        reasons.append("the job queue is empty")
+    spent = now - obs.image_since
+    if spent >= config.max_image_seconds:
+        reasons.append(
+            f"image mode has lasted {spent:.0f} s (max_image_seconds {config.max_image_seconds:g})"
+        )
+    if config.handback_on_waiting_agent and obs.proxy is not None and obs.proxy.held > 0:
+        reasons.append(f"{obs.proxy.held} agent request(s) held at the proxy")
+    if not reasons:
+        return Decision(False, (f"{obs.queue_length} job(s) queued",))
+    if obs.job_running:
+        return Decision(False, ("a job is running: never cut it", *reasons))
+    return Decision(True, tuple(reasons))
+
+
+def released(view: CardView, names: tuple[str, ...]) -> bool:
+    """The named clients hold no VRAM any more (absent or at 0)."""
+    return view.vram_of(names) == 0
+
+
+def llm_retry_delay(failures: int, base: float, cap: float) -> float:
+    """Backoff before restarting vLLM again: base, 2x, 4x ... capped."""
+    if failures <= 0:
+        return 0.0
+    return float(min(cap, base * 2 ** (failures - 1)))

@@ -1,0 +1,404 @@
+"""The arbiter's database (SQLite): the machine's phase, every transition, the swaps with
+each phase's duration, and the job queue.
+
+Every transition is written (and committed) before the action of the new phase starts, so
+an arbiter killed at any moment finds where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, swap_direction
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS machine (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    phase TEXT NOT NULL,
+    phase_since REAL NOT NULL,
+    mode_since REAL NOT NULL,
+    swap_id INTEGER,
+    image_since REAL
+);
+CREATE TABLE IF NOT EXISTS transitions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    from_phase TEXT NOT NULL,
+    to_phase TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    swap_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS swaps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    direction TEXT NOT NULL,
+    started REAL NOT NULL,
+    finished REAL,
+    ok INTEGER
+);
+CREATE TABLE IF NOT EXISTS swap_phases (
+    swap_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    waited_seconds REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (swap_id, seq)
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    inputs TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    prompt_id TEXT,
+    outputs INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL
+);
+"""
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: JobState
+    workflow: dict[str, object]
+    inputs: tuple[str, ...]
+    reason: str
+    attempts: int
+    prompt_id: str | None
+    outputs: int
+    created: float
+    started: float | None
+    finished: float | None
+
+
+@dataclass(frozen=True)
+class MachineState:
+    phase: Phase
+    phase_since: float
+    mode_since: float
+    swap_id: int | None
+    image_since: float | None
+
+    @property
+    def mode(self) -> Mode:
+        return MODE_OF[self.phase]
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    phase: str
+    seconds: float
+    waited_seconds: float
+    outcome: str
+
+
+@dataclass(frozen=True)
+class SwapRecord:
+    id: int
+    direction: str
+    started: float
+    finished: float | None
+    ok: bool | None
+    phases: tuple[PhaseTiming, ...]
+
+    @property
+    def total_seconds(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
+    @property
+    def waited_seconds(self) -> float:
+        return sum(p.waited_seconds for p in self.phases)
+
+    @property
+    def own_seconds(self) -> float | None:
+        """The arbiter's own share: total minus time spent waiting on containers."""
+        total = self.total_seconds
+        return None if total is None else total - self.waited_seconds
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(path), isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- the machine ---------------------------------------------------------------------
+
+    def machine(self, now: float) -> MachineState:
+        """The persisted state; a new database starts serving the LLM."""
+        row = self.conn.execute(
+            "SELECT phase, phase_since, mode_since, swap_id, image_since FROM machine"
+        ).fetchone()
+        if row is None:
+            with self._tx() as c:
+                c.execute(
+                    "INSERT INTO machine VALUES (1, ?, ?, ?, NULL, NULL)",
+                    (Phase.SERVE_LLM.value, now, now),
+                )
+            return MachineState(Phase.SERVE_LLM, now, now, None, None)
+        return MachineState(Phase(row[0]), row[1], row[2], row[3], row[4])
+
+    def transition(
+        self,
+        to: Phase,
+        outcome: Outcome,
+        reason: str,
+        now: float,
+        waited_seconds: float = 0.0,
+    ) -> MachineState:
+        """Persist a move to ``to``: the transition, the finished phase's timing, swap rows."""
+        cur = self.machine(now)
+        swap_id = cur.swap_id
+        image_since = cur.image_since
+        with self._tx() as c:
+            if swap_id is not None and swap_direction(cur.phase) is not None:
+                seq = c.execute(
+                    "SELECT COUNT(*) FROM swap_phases WHERE swap_id = ?", (swap_id,)
+                ).fetchone()[0]
+                c.execute(
+                    "INSERT INTO swap_phases VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        swap_id,
+                        seq,
+                        cur.phase.value,
+                        max(0.0, now - cur.phase_since),
+                        waited_seconds,
+                        outcome.value,
+                    ),
+                )
+            new_dir = swap_direction(to)
+            old_dir = swap_direction(cur.phase)
+            if swap_id is not None and new_dir != old_dir:
+                # the swap in progress ends: ok when it reached its destination
+                ok = (old_dir == "to_image" and to is Phase.RUN_JOBS) or (
+                    old_dir == "to_llm" and to is Phase.SERVE_LLM
+                )
+                c.execute(
+                    "UPDATE swaps SET finished = ?, ok = ? WHERE id = ?", (now, int(ok), swap_id)
+                )
+                swap_id = None
+            if new_dir is not None and swap_id is None:
+                swap_id = c.execute(
+                    "INSERT INTO swaps (direction, started) VALUES (?, ?)", (new_dir, now)
+                ).lastrowid
+            # image mode's clock runs from the first entry into run_jobs until handback
+            # (a ComfyUI restart in between does not reset it)
+            if to is Phase.RUN_JOBS and image_since is None:
+                image_since = now
+            elif MODE_OF[to] is Mode.LLM or new_dir == "to_llm":
+                image_since = None
+            mode_since = cur.mode_since if MODE_OF[to] is cur.mode else now
+            phase_since = now
+            c.execute(
+                "INSERT INTO transitions (at, from_phase, to_phase, outcome, reason, swap_id)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (now, cur.phase.value, to.value, outcome.value, reason, swap_id),
+            )
+            c.execute(
+                "UPDATE machine SET phase = ?, phase_since = ?, mode_since = ?, swap_id = ?,"
+                " image_since = ? WHERE id = 1",
+                (to.value, phase_since, mode_since, swap_id, image_since),
+            )
+        return MachineState(to, phase_since, mode_since, swap_id, image_since)
+
+    def transitions(self, limit: int = 50) -> list[tuple[float, str, str, str, str]]:
+        rows = self.conn.execute(
+            "SELECT at, from_phase, to_phase, outcome, reason FROM transitions"
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [tuple(r) for r in reversed(rows)]
+
+    def swaps(self, limit: int) -> list[SwapRecord]:
+        rows = self.conn.execute(
+            "SELECT id, direction, started, finished, ok FROM swaps ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        out = []
+        for sid, direction, started, finished, ok in rows:
+            phases = tuple(
+                PhaseTiming(*p)
+                for p in self.conn.execute(
+                    "SELECT phase, seconds, waited_seconds, outcome FROM swap_phases"
+                    " WHERE swap_id = ? ORDER BY seq",
+                    (sid,),
+                )
+            )
+            out.append(
+                SwapRecord(
+                    sid, direction, started, finished, None if ok is None else bool(ok), phases
+                )
+            )
+        return out
+
+    def swap_counts(self) -> dict[str, int]:
+        rows = self.conn.execute(
+            "SELECT direction, COUNT(*) FROM swaps WHERE ok = 1 GROUP BY direction"
+        ).fetchall()
+        return {str(d): int(n) for d, n in rows}
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    _JOB_COLS = (
+        "id, state, workflow, inputs, reason, attempts, prompt_id, outputs, created, started,"
+        " finished"
+    )
+
+    @staticmethod
+    def _job(row: tuple[object, ...]) -> Job:
+        return Job(
+            id=str(row[0]),
+            state=JobState(str(row[1])),
+            workflow=json.loads(str(row[2])),
+            inputs=tuple(json.loads(str(row[3]))),
+            reason=str(row[4]),
+            attempts=int(row[5]),  # type: ignore[call-overload]
+            prompt_id=None if row[6] is None else str(row[6]),
+            outputs=int(row[7]),  # type: ignore[call-overload]
+            created=float(row[8]),  # type: ignore[arg-type]
+            started=None if row[9] is None else float(row[9]),  # type: ignore[arg-type]
+            finished=None if row[10] is None else float(row[10]),  # type: ignore[arg-type]
+        )
+
+    def add_job(
+        self, job_id: str, workflow: dict[str, object], inputs: tuple[str, ...], now: float
+    ) -> Job:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO jobs (id, state, workflow, inputs, created) VALUES (?, ?, ?, ?, ?)",
+                (job_id, JobState.QUEUED.value, json.dumps(workflow), json.dumps(inputs), now),
+            )
+        job = self.job(job_id)
+        assert job is not None
+        return job
+
+    def job(self, job_id: str) -> Job | None:
+        row = self.conn.execute(
+            f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        return None if row is None else self._job(row)
+
+    def jobs_in(self, state: JobState) -> list[Job]:
+        return [
+            self._job(r)
+            for r in self.conn.execute(
+                f"SELECT {self._JOB_COLS} FROM jobs WHERE state = ? ORDER BY seq", (state.value,)
+            )
+        ]
+
+    def queue_length(self) -> int:
+        """Jobs not finished yet: queued and running."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM jobs WHERE state IN (?, ?)",
+            (JobState.QUEUED.value, JobState.RUNNING.value),
+        ).fetchone()
+        return int(row[0])
+
+    def job_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in JobState}
+        for state, n in self.conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+            counts[str(state)] = int(n)
+        return counts
+
+    def next_job(self) -> Job | None:
+        """The running job (resumed first), else the oldest queued one."""
+        running = self.jobs_in(JobState.RUNNING)
+        if running:
+            return running[0]
+        queued = self.jobs_in(JobState.QUEUED)
+        return queued[0] if queued else None
+
+    def _update(self, job_id: str, sql: str, args: tuple[object, ...]) -> Job:
+        with self._tx() as c:
+            c.execute(f"UPDATE jobs SET {sql} WHERE id = ?", (*args, job_id))
+        job = self.job(job_id)
+        assert job is not None
+        return job
+
+    def start_attempt(self, job_id: str, prompt_id: str, now: float) -> Job:
+        """A new attempt: its prompt id is recorded before the prompt is submitted."""
+        return self._update(
+            job_id,
+            "state = ?, prompt_id = ?, attempts = attempts + 1, started = COALESCE(started, ?)",
+            (JobState.RUNNING.value, prompt_id, now),
+        )
+
+    def set_prompt_id(self, job_id: str, prompt_id: str | None) -> Job:
+        return self._update(job_id, "prompt_id = ?", (prompt_id,))
+
+    def note(self, job_id: str, reason: str) -> Job:
+        return self._update(job_id, "reason = ?", (reason,))
+
+    def finish(self, job_id: str, state: JobState, reason: str, outputs: int, now: float) -> Job:
+        return self._update(
+            job_id,
+            "state = ?, reason = ?, outputs = ?, finished = ?",
+            (state.value, reason, outputs, now),
+        )
+
+    def cancel(self, job_id: str, now: float) -> bool:
+        """Cancel a queued job; False when it is not queued (any more)."""
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE jobs SET state = ?, reason = ?, finished = ? WHERE id = ? AND state = ?",
+                (
+                    JobState.CANCELLED.value,
+                    "cancelled by request",
+                    now,
+                    job_id,
+                    JobState.QUEUED.value,
+                ),
+            )
+            return cur.rowcount == 1
+
+
+def job_dir(data_dir: Path, job_id: str) -> Path:
+    return data_dir / "jobs" / job_id
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, flush to disk, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,198 @@
+"""A minimal Docker Engine API client over the unix socket (standard library only).
+
+Only what the arbiter needs: list containers by label, inspect, start, stop with a
+timeout, and the tail of a container's logs. Blocking calls: async callers run them in a
+thread (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+API_VERSION = "v1.41"  # Docker 20.10 and newer accept it
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
+
+
+class DockerError(Exception):
+    """An Engine API call failed; ``status`` is the HTTP status (0 when none)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ContainerSummary:
+    id: str
+    names: tuple[str, ...]
+    state: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """The parts of ``GET /containers/<id>/json`` the arbiter reads."""
+
+    id: str
+    name: str
+    running: bool
+    status: str
+    oom_killed: bool
+    exit_code: int
+    health: str  # none | starting | healthy | unhealthy
+    error: str
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def parse_container_state(data: dict[str, Any]) -> ContainerState:
+    """Pure: the inspect document to a :class:`ContainerState`."""
+    state = data.get("State") or {}
+    health = state.get("Health") or {}
+    return ContainerState(
+        id=str(data.get("Id", "")),
+        name=str(data.get("Name", "")).lstrip("/"),
+        running=bool(state.get("Running", False)),
+        status=str(state.get("Status", "")),
+        oom_killed=bool(state.get("OOMKilled", False)),
+        exit_code=int(state.get("ExitCode", 0) or 0),
+        health=str(health.get("Status", "none")) if health else "none",
+        error=str(state.get("Error", "") or ""),
+    )
+
+
+def demux_logs(raw: bytes) -> str:
+    """Decode the Engine's multiplexed log stream (8-byte frame headers) to text.
+
+    A container started with a TTY sends raw text instead: returned as is.
+    """
+    out: list[bytes] = []
+    pos = 0
+    while pos + 8 <= len(raw):
+        kind = raw[pos]
+        if kind not in (0, 1, 2) or raw[pos + 1 : pos + 4] != b"\x00\x00\x00":
+            return raw.decode("utf-8", "replace")
+        size = int.from_bytes(raw[pos + 4 : pos + 8], "big")
+        out.append(raw[pos + 8 : pos + 8 + size])
+        pos += 8 + size
+    if pos != len(raw):
+        return raw.decode("utf-8", "replace")
+    return b"".join(out).decode("utf-8", "replace")
+
+
+class DockerClient:
+    def __init__(self, socket_path: str = "/var/run/docker.sock", timeout: float = 30.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def _request(
+        self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 0.0
+    ) -> tuple[int, bytes]:
+        url = f"/{API_VERSION}{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        conn = _UnixHTTPConnection(self.socket_path, timeout or self.timeout)
+        try:
+            conn.request(method, url, headers={"Host": "docker"})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except OSError as exc:
+            raise DockerError(
+                f"Docker Engine at {self.socket_path} did not answer {method} {path}: {exc}"
+            ) from exc
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _fail(method: str, path: str, status: int, body: bytes) -> DockerError:
+        try:
+            message = str(json.loads(body).get("message", ""))
+        except (ValueError, AttributeError):
+            message = body.decode("utf-8", "replace")[:200]
+        return DockerError(f"Docker Engine {method} {path} answered {status}: {message}", status)
+
+    def list_containers(self, labels: dict[str, str]) -> list[ContainerSummary]:
+        """All containers (running or not) carrying every label ``key=value``."""
+        filters = json.dumps({"label": [f"{k}={v}" for k, v in sorted(labels.items())]})
+        path = "/containers/json"
+        status, body = self._request("GET", path, {"all": "1", "filters": filters})
+        if status != 200:
+            raise self._fail("GET", path, status, body)
+        return [
+            ContainerSummary(
+                id=str(item.get("Id", "")),
+                names=tuple(str(n).lstrip("/") for n in item.get("Names") or ()),
+                state=str(item.get("State", "")),
+                labels={str(k): str(v) for k, v in (item.get("Labels") or {}).items()},
+            )
+            for item in json.loads(body)
+        ]
+
+    def find_compose_container(self, project: str, service: str) -> ContainerSummary:
+        found = self.list_containers(
+            {COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: service}
+        )
+        if not found:
+            raise DockerError(
+                f"no container with labels {COMPOSE_PROJECT_LABEL}={project} and "
+                f"{COMPOSE_SERVICE_LABEL}={service}: create the compose project first"
+            )
+        return found[0]
+
+    def inspect(self, container_id: str) -> ContainerState:
+        path = f"/containers/{container_id}/json"
+        status, body = self._request("GET", path)
+        if status != 200:
+            raise self._fail("GET", path, status, body)
+        return parse_container_state(json.loads(body))
+
+    def start(self, container_id: str) -> bool:
+        """Start; True when it was started, False when it was already running (304)."""
+        path = f"/containers/{container_id}/start"
+        status, body = self._request("POST", path)
+        if status == 204:
+            return True
+        if status == 304:
+            return False
+        raise self._fail("POST", path, status, body)
+
+    def stop(self, container_id: str, timeout_seconds: int) -> bool:
+        """Stop (SIGTERM, then SIGKILL after the timeout); False when already stopped."""
+        path = f"/containers/{container_id}/stop"
+        status, body = self._request(
+            "POST", path, {"t": str(timeout_seconds)}, timeout=self.timeout + timeout_seconds
+        )
+        if status == 204:
+            return True
+        if status == 304:
+            return False
+        raise self._fail("POST", path, status, body)
+
+    def logs_tail(self, container_id: str, lines: int = 50) -> str:
+        path = f"/containers/{container_id}/logs"
+        status, body = self._request(
+            "GET", path, {"stdout": "1", "stderr": "1", "tail": str(lines)}
+        )
+        if status != 200:
+            raise self._fail("GET", path, status, body)
+        return demux_logs(body)

@@ -1,0 +1,245 @@
+"""Parse DRM fdinfo (``/proc/<pid>/fdinfo/<fd>``) as the kernel documents it.
+
+Format (kernel ``Documentation/gpu/drm-usage-stats.rst``): one ``key:<whitespace>value`` pair
+per line.  Standard keys start with ``drm-``; other lines (``pos:``, ``flags:``, ``mnt_id:``,
+``ino:``, driver-specific ``<driver>-*`` keys) are kept verbatim in :attr:`FdInfo.other`.
+
+Keys understood here:
+
+* ``drm-driver``, ``drm-client-id``, ``drm-pdev`` (strings; the client id is a uint);
+* memory per region ``drm-{total,shared,resident,active,purgeable}-<region>`` and the old
+  ``drm-memory-<region>`` (taken as resident when no ``drm-resident-<region>`` is printed):
+  bytes with an optional ``KiB``/``MiB`` (``GiB`` accepted too);
+* xe engine utilisation: ``drm-cycles-<class>``, ``drm-total-cycles-<class>``;
+* i915 (and other drivers') engine time: ``drm-engine-<class>`` in nanoseconds (``ns``);
+* ``drm-engine-capacity-<class>`` (only printed when above 1; defaults to 1).
+
+Malformed lines (no colon, a key with whitespace, a bad number or unit for a known numeric key)
+are skipped and counted in :attr:`FdInfo.malformed`.  Nothing here raises on bad input except
+:func:`parse_size`, which is the strict building block.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MEMORY_KINDS",
+    "EngineUsage",
+    "FdInfo",
+    "RegionMemory",
+    "is_gtt_region",
+    "is_system_region",
+    "is_vram_region",
+    "parse_fdinfo",
+    "parse_size",
+    "parse_uint",
+]
+
+MEMORY_KINDS = ("total", "shared", "resident", "active", "purgeable")
+
+_UNITS = {"": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_SIZE_RE = re.compile(r"^([0-9]+)(?:[ \t]+([A-Za-z]+))?$")
+_NS_RE = re.compile(r"^([0-9]+)(?:[ \t]+ns)?$")
+_KEY_RE = re.compile(r"^[^\s:]+$")
+
+
+def parse_size(text: str) -> int:
+    """Return the byte count of a fdinfo size such as ``4097``, ``192 KiB`` or ``16 MiB``.
+
+    Raises ``ValueError`` naming the offending text when it is not a size.
+    """
+    match = _SIZE_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    unit = match.group(2) or ""
+    if unit not in _UNITS:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r}")
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def parse_uint(text: str) -> int:
+    """Return an unsigned integer, with an optional ``ns`` unit (engine time)."""
+    match = _NS_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"not an unsigned integer: {text!r}")
+    return int(match.group(1))
+
+
+@dataclass(frozen=True, slots=True)
+class RegionMemory:
+    """Memory of one client in one region, in bytes; ``None`` when the driver did not print it."""
+
+    total: int | None = None
+    shared: int | None = None
+    resident: int | None = None
+    active: int | None = None
+    purgeable: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineUsage:
+    """Counters of one engine class for one client.
+
+    xe prints ``cycles``/``total_cycles``; i915 prints ``busy_ns``.  ``capacity`` is the number
+    of engines of the class (1 when not printed).
+    """
+
+    cycles: int | None = None
+    total_cycles: int | None = None
+    busy_ns: int | None = None
+    capacity: int = 1
+
+
+def is_vram_region(region: str) -> bool:
+    """Device-local memory: xe ``vram<N>``, i915 ``local<N>``."""
+    return region.startswith(("vram", "local"))
+
+
+def is_system_region(region: str) -> bool:
+    """System memory: ``system`` (xe, i915) and the reserved generic name ``memory``."""
+    return region in ("system", "memory")
+
+
+def is_gtt_region(region: str) -> bool:
+    """GTT-mapped system memory (xe ``gtt``, amdgpu ``gtt``)."""
+    return region == "gtt"
+
+
+@dataclass(frozen=True, slots=True)
+class FdInfo:
+    """One parsed fdinfo file."""
+
+    driver: str | None = None
+    client_id: int | None = None
+    pdev: str | None = None
+    memory: dict[str, RegionMemory] = field(default_factory=dict)
+    engines: dict[str, EngineUsage] = field(default_factory=dict)
+    other: dict[str, str] = field(default_factory=dict)
+    malformed: int = 0
+
+    @property
+    def is_drm_client(self) -> bool:
+        """True when the file describes a DRM client (driver and client id present)."""
+        return self.driver is not None and self.client_id is not None
+
+    def resident_bytes(self, region: str) -> int:
+        """Resident bytes of a region (0 when absent)."""
+        mem = self.memory.get(region)
+        if mem is None or mem.resident is None:
+            return 0
+        return mem.resident
+
+    @property
+    def vram_bytes(self) -> int:
+        """Resident device memory over all VRAM regions (xe ``vram*``, i915 ``local*``)."""
+        return sum(self.resident_bytes(r) for r in self.memory if is_vram_region(r))
+
+    @property
+    def system_bytes(self) -> int:
+        """Resident system memory (``system`` region)."""
+        return sum(self.resident_bytes(r) for r in self.memory if is_system_region(r))
+
+    @property
+    def gtt_bytes(self) -> int:
+        """Resident GTT memory (``gtt`` region)."""
+        return sum(self.resident_bytes(r) for r in self.memory if is_gtt_region(r))
+
+
+# The order matters: ``drm-total-cycles-`` must win over ``drm-total-`` (a memory key) and
+# ``drm-engine-capacity-`` over ``drm-engine-``.
+_ENGINE_PREFIXES = (
+    ("drm-total-cycles-", "total_cycles"),
+    ("drm-cycles-", "cycles"),
+    ("drm-engine-capacity-", "capacity"),
+    ("drm-engine-", "busy_ns"),
+)
+_MEMORY_PREFIXES = tuple((f"drm-{kind}-", kind) for kind in (*MEMORY_KINDS, "memory"))
+
+
+def _split_line(line: str) -> tuple[str, str] | None:
+    key, sep, value = line.partition(":")
+    if not sep:
+        return None
+    key = key.strip()
+    if not key or _KEY_RE.match(key) is None:
+        return None
+    return key, value.strip()
+
+
+def parse_fdinfo(text: str) -> FdInfo:
+    """Parse the text of one fdinfo file (any driver)."""
+    driver: str | None = None
+    client_id: int | None = None
+    pdev: str | None = None
+    mem: dict[str, dict[str, int]] = {}
+    eng: dict[str, dict[str, int]] = {}
+    other: dict[str, str] = {}
+    malformed = 0
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        pair = _split_line(raw)
+        if pair is None:
+            malformed += 1
+            continue
+        key, value = pair
+        try:
+            if key == "drm-driver":
+                if not value:
+                    raise ValueError("empty driver")
+                driver = value
+            elif key == "drm-client-id":
+                client_id = parse_uint(value)
+            elif key == "drm-pdev":
+                if not value:
+                    raise ValueError("empty pdev")
+                pdev = value
+            elif not _parse_counter(key, value, mem, eng):
+                other[key] = value
+        except ValueError:
+            malformed += 1
+    memory = {
+        region: RegionMemory(
+            total=kinds.get("total"),
+            shared=kinds.get("shared"),
+            resident=kinds.get("resident", kinds.get("memory")),
+            active=kinds.get("active"),
+            purgeable=kinds.get("purgeable"),
+        )
+        for region, kinds in mem.items()
+    }
+    engines = {
+        cls: EngineUsage(
+            cycles=c.get("cycles"),
+            total_cycles=c.get("total_cycles"),
+            busy_ns=c.get("busy_ns"),
+            capacity=max(1, c.get("capacity", 1)),
+        )
+        for cls, c in eng.items()
+    }
+    return FdInfo(
+        driver=driver,
+        client_id=client_id,
+        pdev=pdev,
+        memory=memory,
+        engines=engines,
+        other=other,
+        malformed=malformed,
+    )
+
+
+def _parse_counter(
+    key: str, value: str, mem: dict[str, dict[str, int]], eng: dict[str, dict[str, int]]
+) -> bool:
+    """Store a known counter; return False for keys this module does not interpret."""
+    for prefix, attr in _ENGINE_PREFIXES:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            eng.setdefault(key[len(prefix) :], {})[attr] = parse_uint(value)
+            return True
+    for prefix, kind in _MEMORY_PREFIXES:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            mem.setdefault(key[len(prefix) :], {})[kind] = parse_size(value)
+            return True
+    return False

@@ -1,0 +1,12 @@
+"""The patient proxy: answers agents in front of vLLM's OpenAI API.
+
+While the arbiter's mode is not ``llm`` it holds requests (bounded by a count and a time),
+retries refused connections while vLLM starts, streams responses through unbuffered and
+answers a clear 503 with ``Retry-After`` when a bound is hit, never a 502. ``/proxy/state``
+reports in-flight and held requests to the arbiter; ``/metrics`` speaks Prometheus text.
+
+Modules: ``config`` (settings, JSON file and CLI flags), ``rules`` (pure decisions: admission,
+retry backoff, header filtering, error bodies), ``mode`` (the arbiter's mode and its source),
+``holdqueue`` (the FIFO of held requests), ``metrics`` (counters and text exposition),
+``server`` (the aiohttp edge). Run with ``python -m cardshare.proxy --config FILE``.
+"""

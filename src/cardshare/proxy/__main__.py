@@ -1,0 +1,55 @@
+"""``python -m cardshare.proxy --config FILE``: run the patient proxy until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from cardshare.proxy.config import ConfigError, ProxyConfig, config_from_args
+from cardshare.proxy.server import Proxy, runner_kwargs
+
+
+async def serve(config: ProxyConfig) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    runner = web.AppRunner(Proxy(config).make_app(), **runner_kwargs())
+    await runner.setup()
+    site = web.TCPSite(runner, config.listen_host, config.listen_port, backlog=1024)
+    await site.start()
+    logging.getLogger("cardshare.proxy").info(
+        "listening on %s:%d, upstream %s, arbiter %s",
+        config.listen_host,
+        config.listen_port,
+        config.upstream_url,
+        config.arbiter_url,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for a bad configuration)."""
+    try:
+        config, log_level = config_from_args(argv)
+    except ConfigError as exc:
+        print(f"cardshare.proxy: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

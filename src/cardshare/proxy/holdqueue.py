@@ -1,0 +1,57 @@
+"""The FIFO of held requests.
+
+Each held request owns a future that is resolved when the mode becomes ``llm``. Requests
+leave the queue when released (all at once, oldest first), when their time bound passes or
+when their client goes away; removal is O(1) so a disconnecting client never leaks an entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Held:
+    """One held request: when it arrived (monotonic) and the future that releases it."""
+
+    arrived: float
+    future: asyncio.Future[None]
+    ticket: int = field(default=0)
+
+
+class HoldQueue:
+    """Held requests in arrival order."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Held] = {}
+        self._tickets = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, arrived: float) -> Held:
+        """Hold a request that arrived at ``arrived`` (monotonic seconds)."""
+        held = Held(arrived, asyncio.get_running_loop().create_future(), next(self._tickets))
+        self._held[held.ticket] = held
+        return held
+
+    def remove(self, held: Held) -> bool:
+        """Forget ``held``; True if it was still queued."""
+        return self._held.pop(held.ticket, None) is not None
+
+    def release_all(self) -> int:
+        """Release every held request, oldest first; returns how many were released."""
+        released = list(self._held.values())
+        self._held.clear()
+        for held in released:
+            if not held.future.done():
+                held.future.set_result(None)
+        return len(released)
+
+    def oldest_age(self, now: float) -> float | None:
+        """Seconds the oldest held request has waited, None when nothing is held."""
+        for held in self._held.values():
+            return max(0.0, now - held.arrived)
+        return None

@@ -1,0 +1,429 @@
+"""The aiohttp edge of the patient proxy: handlers, forwarding, the mode poller.
+
+Decisions come from :mod:`cardshare.proxy.rules`; this module only waits, reads and writes.
+Written against the aiohttp API of 3.8 (Debian bookworm) and later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from cardshare.proxy import rules
+from cardshare.proxy.config import ProxyConfig
+from cardshare.proxy.holdqueue import HoldQueue
+from cardshare.proxy.metrics import Counters, Gauges, render
+from cardshare.proxy.mode import (
+    ModePayloadError,
+    ModeView,
+    on_arbiter_answer,
+    on_arbiter_down,
+    parse_mode_payload,
+)
+
+LOG = logging.getLogger("cardshare.proxy")
+
+#: Headers aiohttp's client would otherwise add on its own: the client's request passes as is.
+_SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+DEFAULT_BACKOFF = rules.Backoff()
+#: Bodies of known length up to this size are relayed in one write, with the headers.
+SMALL_BODY_BYTES = 256 * 1024
+#: Methods sent without a body when the client sent none.
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+
+
+def _retryable(exc: BaseException) -> bool:
+    """True for upstream failures where nothing reached vLLM's HTTP layer yet.
+
+    A refused or timed-out connect (vLLM is starting, its port refuses until the model is
+    loaded), and a connection closed before any response (Docker's userland proxy accepts
+    and then drops connections to a container that does not listen yet).
+    """
+    return isinstance(
+        exc,
+        aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError | aiohttp.ServerTimeoutError,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _client_gone(request: web.BaseRequest) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def runner_kwargs() -> dict[str, Any]:
+    """AppRunner options: no access log; cancel handlers of vanished clients (aiohttp >= 3.9).
+
+    aiohttp 3.8 always cancels them and does not know the option.
+    """
+    kwargs: dict[str, Any] = {"access_log": None}
+    if "handler_cancellation" in inspect.signature(web.Server.__init__).parameters:
+        kwargs["handler_cancellation"] = True
+    return kwargs
+
+
+class Proxy:
+    """The proxy's state and handlers; :meth:`make_app` wires them into an application."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        backoff: rules.Backoff = DEFAULT_BACKOFF,
+        disconnect_check_seconds: float = 0.5,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.wall = wall
+        self.backoff = backoff
+        self.disconnect_check_seconds = disconnect_check_seconds
+        self.view = ModeView()
+        self.queue = HoldQueue()
+        self.counters = Counters()
+        self.in_flight = 0
+        self.connecting = 0
+        self.last_request_started: float | None = None
+        self.last_request_finished: float | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._arbiter_session: aiohttp.ClientSession | None = None
+        self._upstream = config.upstream_url.rstrip("/")
+        self._mode_url = config.arbiter_url.rstrip("/") + "/v1/mode"
+        self._status_url = config.arbiter_url.rstrip("/") + "/v1/status"
+        self._use_status = False
+
+    # ----------------------------------------------------------------- mode
+
+    def apply_view(self, view: ModeView) -> None:
+        """Adopt a new belief about the mode; entering ``llm`` releases every held request."""
+        if (view.mode, view.source) != (self.view.mode, self.view.source):
+            LOG.info("mode %s (source %s)", view.mode, view.source)
+        self.view = view
+        if view.mode == "llm" and len(self.queue):
+            LOG.info("releasing %d held requests", self.queue.release_all())
+
+    async def _fetch_mode(self, session: aiohttp.ClientSession) -> tuple[str, float | None]:
+        url = self._status_url if self._use_status else self._mode_url
+        async with session.get(url) as resp:
+            if resp.status == 404 and not self._use_status:
+                self._use_status = True
+                return await self._fetch_mode(session)
+            if resp.status != 200:
+                raise ModePayloadError(f"HTTP {resp.status} from {url}")
+            try:
+                doc = await resp.json(content_type=None)
+            except ValueError as exc:
+                raise ModePayloadError(f"not JSON from {url}: {exc}") from exc
+        return parse_mode_payload(doc)
+
+    async def poll_mode_once(self) -> None:
+        """Ask the arbiter for the mode once and adopt the answer (or the fallback)."""
+        session = self._arbiter_session
+        if session is None:
+            raise RuntimeError("the proxy application is not running")
+        try:
+            mode, since = await self._fetch_mode(session)
+        except (TimeoutError, aiohttp.ClientError, ModePayloadError) as exc:
+            self.counters.arbiter_poll_failures += 1
+            if self.view.arbiter_error is None:
+                LOG.warning("arbiter unreachable: %s", _describe(exc))
+            view = on_arbiter_down(
+                self.view, _describe(exc), self.config.trust_mode_when_arbiter_down
+            )
+        else:
+            view = on_arbiter_answer(self.view, mode, since, self.wall())
+        self.apply_view(view)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self.poll_mode_once()
+            await asyncio.sleep(self.config.mode_poll_seconds)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        cfg = self.config
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.pool_limit, limit_per_host=cfg.pool_limit),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO_HEADERS,
+        )
+        poll_timeout = max(1.0, min(5.0, 2 * cfg.mode_poll_seconds))
+        self._arbiter_session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=poll_timeout)
+        )
+        poller = asyncio.ensure_future(self._poll_forever())
+        try:
+            yield
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            self.queue.release_all()
+            await self._session.close()
+            await self._arbiter_session.close()
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application: the proxy's own endpoints and the forwarded paths."""
+        app = web.Application()
+        app.cleanup_ctx.append(self._lifecycle)
+        app.router.add_get("/proxy/health", self.handle_health)
+        app.router.add_get("/proxy/state", self.handle_state)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    # ----------------------------------------------------------------- own endpoints
+
+    def state(self) -> dict[str, Any]:
+        """What ``/proxy/state`` reports (the arbiter reads it)."""
+        oldest = self.queue.oldest_age(self.clock())
+        return {
+            "in_flight": self.in_flight,
+            "connecting": self.connecting,
+            "held": len(self.queue),
+            "oldest_held_seconds": round(oldest, 3) if oldest is not None else None,
+            "last_request_started": self.last_request_started,
+            "last_request_finished": self.last_request_finished,
+            "mode": self.view.mode,
+            "mode_since": self.view.since,
+            "mode_source": self.view.source,
+            "arbiter_seen": self.view.arbiter_seen,
+            "arbiter_error": self.view.arbiter_error,
+        }
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def handle_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.state())
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        gauges = Gauges(
+            held=len(self.queue),
+            in_flight=self.in_flight,
+            oldest_held_seconds=self.queue.oldest_age(self.clock()),
+            mode=self.view.mode,
+            mode_source=self.view.source,
+        )
+        return web.Response(
+            text=render(self.counters, gauges), content_type="text/plain", charset="utf-8"
+        )
+
+    # ----------------------------------------------------------------- proxied paths
+
+    def _error(self, status: int, message: str, code: str, outcome: str) -> web.Response:
+        self.counters.count(outcome)
+        headers = {"Retry-After": str(self.config.retry_after_seconds)} if status == 503 else {}
+        err_type = "service_unavailable" if status == 503 else "invalid_request_error"
+        return web.Response(
+            status=status,
+            body=rules.error_body(message, code, err_type),
+            content_type="application/json",
+            headers=headers,
+        )
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Every path that is not the proxy's own."""
+        if not rules.is_proxied_path(request.path, self.config.proxied_path_prefixes):
+            return web.Response(
+                status=404,
+                body=rules.error_body(
+                    f"{request.path} is not proxied (only "
+                    f"{', '.join(self.config.proxied_path_prefixes)})",
+                    "not_found",
+                    "invalid_request_error",
+                ),
+                content_type="application/json",
+            )
+        arrived = self.clock()
+        self.last_request_started = self.wall()
+        try:
+            return await self._proxied(request, arrived)
+        finally:
+            self.last_request_finished = self.wall()
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        """The whole request body, or None when it exceeds ``max_body_bytes``."""
+        limit = self.config.max_body_bytes
+        if not request.body_exists:
+            return b""
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        body = bytearray()
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                return bytes(body)
+            body += chunk
+            if len(body) > limit:
+                return None
+
+    async def _proxied(self, request: web.Request, arrived: float) -> web.StreamResponse:
+        cfg = self.config
+        body = await self._read_body(request)
+        if body is None:
+            resp = self._error(
+                413, rules.too_large_message(cfg.max_body_bytes), "too_large", "rejected_too_large"
+            )
+            resp.force_close()
+            return resp
+        action = rules.admit(self.view.mode, len(self.queue), cfg.hold_max_requests)
+        if action is rules.Action.REJECT_COUNT:
+            msg = rules.count_message(
+                self.view.mode, cfg.hold_max_requests, cfg.retry_after_seconds
+            )
+            return self._error(503, msg, "hold_queue_full", "rejected_count")
+        if action is rules.Action.HOLD:
+            refused = await self._hold(request, arrived)
+            if refused is not None:
+                return refused
+        return await self._forward(request, body, arrived)
+
+    async def _hold(self, request: web.Request, arrived: float) -> web.StreamResponse | None:
+        """Wait for ``llm``; None once released, else the answer to give (or client gone)."""
+        cfg = self.config
+        held = self.queue.add(arrived)
+        try:
+            while True:
+                waited = self.clock() - arrived
+                if held.future.done():
+                    return None
+                if rules.hold_expired(waited, cfg.hold_max_seconds):
+                    msg = rules.time_message(
+                        self.view.mode, cfg.hold_max_seconds, cfg.retry_after_seconds
+                    )
+                    return self._error(503, msg, "hold_timeout", "rejected_time")
+                if _client_gone(request):
+                    self.counters.count("client_gone")
+                    return web.Response(status=499)
+                remaining = cfg.hold_max_seconds - waited
+                await asyncio.wait(
+                    {held.future}, timeout=min(remaining, self.disconnect_check_seconds)
+                )
+        except asyncio.CancelledError:
+            self.counters.count("client_gone")
+            raise
+        finally:
+            self.queue.remove(held)
+            self.counters.hold_seconds.observe(self.clock() - arrived)
+
+    async def _connect(
+        self, request: web.Request, body: bytes, arrived: float
+    ) -> aiohttp.ClientResponse | web.StreamResponse:
+        """The upstream's response, retrying refused connections; or the 503 to answer."""
+        assert self._session is not None
+        cfg = self.config
+        started = self.clock()
+        deadline = rules.connect_deadline(
+            arrived, started, cfg.hold_max_seconds, cfg.connect_retry_seconds
+        )
+        url = URL(self._upstream + request.raw_path, encoded=True)
+        headers = rules.request_headers(list(request.headers.items()))
+        data = body if body or request.method not in _BODYLESS else None
+        attempt = 0
+        while True:
+            try:
+                return await self._session.request(
+                    request.method, url, headers=headers, data=data, allow_redirects=False
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                delay = rules.retry_delay(attempt, self.clock(), deadline, self.backoff)
+                if not _retryable(exc) or delay is None:
+                    LOG.warning("upstream %s %s failed: %s", request.method, url, _describe(exc))
+                    msg = rules.upstream_message(
+                        self.clock() - started, _describe(exc), cfg.retry_after_seconds
+                    )
+                    return self._error(503, msg, "upstream_unavailable", "upstream_error")
+                if _client_gone(request):
+                    self.counters.count("client_gone")
+                    return web.Response(status=499)
+                self.counters.connect_retries += 1
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    async def _forward(
+        self, request: web.Request, body: bytes, arrived: float
+    ) -> web.StreamResponse:
+        self.in_flight += 1
+        self.connecting += 1
+        try:
+            try:
+                upstream = await self._connect(request, body, arrived)
+            finally:
+                self.connecting -= 1
+            if isinstance(upstream, web.StreamResponse):
+                return upstream
+            self.counters.count("forwarded")
+            try:
+                return await self._relay(request, upstream)
+            finally:
+                upstream.close()
+        finally:
+            self.in_flight -= 1
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        """Stream the upstream's response to the client as it comes.
+
+        A small body of announced length (an ordinary JSON answer) is passed in one write with
+        the headers; anything else (SSE, chunked, large) is relayed chunk by chunk.
+        """
+        headers = rules.response_headers(list(upstream.headers.items()))
+        length = upstream.content_length
+        if (
+            length is not None
+            and length <= SMALL_BODY_BYTES
+            and request.method != "HEAD"
+            and upstream.status not in (204, 304)
+        ):
+            try:
+                body = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                LOG.warning("upstream broke mid-response: %s", _describe(exc))
+                return web.Response(status=499)  # nothing sent yet: the client's connection ends
+            # aiohttp sets Content-Length from the body itself
+            without_length = CIMultiDict(
+                (k, v) for k, v in headers if k.lower() != "content-length"
+            )
+            return web.Response(
+                status=upstream.status, reason=upstream.reason, headers=without_length, body=body
+            )
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        resp.headers.extend(headers)
+        await resp.prepare(request)
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                # The response has started: the only honest signal left is a cut connection.
+                LOG.warning("upstream broke mid-response: %s", _describe(exc))
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            if not chunk:
+                break
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, aiohttp.ClientError):
+                return resp  # the client went away; closing the upstream stops the generation
+
+        await resp.write_eof()
+        return resp

@@ -1,0 +1,159 @@
+"""Crash safety: (persisted phase, container states, ComfyUI history) -> actions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
+
+from cardshare.arbiter.resume import JobStep, plan_job_step, plan_resume
+from cardshare.arbiter.states import Outcome, Phase
+from cardshare.arbiter.store import JobState
+
+P = Phase
+
+
+@pytest.mark.parametrize(
+    ("phase", "llm", "image", "queue", "expected"),
+    [
+        (P.SERVE_LLM, True, False, 0, P.SERVE_LLM),
+        (P.SERVE_LLM, False, False, 2, P.START_LLM),
+        (P.SERVE_LLM, False, True, 0, P.STOP_IMAGE),
+        (P.STOP_LLM, True, False, 2, P.STOP_LLM),
+        (P.STOP_LLM, True, False, 0, P.SERVE_LLM),
+        (P.STOP_LLM, False, False, 0, P.STOP_IMAGE),
+        (P.STOP_LLM, False, False, 1, P.STOP_LLM),
+        (P.WAIT_LLM_RELEASE, False, False, 1, P.WAIT_LLM_RELEASE),
+        (P.WAIT_LLM_RELEASE, True, False, 1, P.STOP_LLM),
+        (P.START_IMAGE, False, False, 1, P.START_IMAGE),
+        (P.WAIT_IMAGE_READY, False, True, 1, P.WAIT_IMAGE_READY),
+        (P.WAIT_IMAGE_READY, True, True, 1, P.STOP_IMAGE),
+        (P.RUN_JOBS, False, True, 1, P.RUN_JOBS),
+        (P.RUN_JOBS, False, False, 1, P.START_IMAGE),
+        (P.RUN_JOBS, False, True, 0, P.STOP_IMAGE),
+        (P.STOP_IMAGE, False, True, 0, P.STOP_IMAGE),
+        (P.WAIT_IMAGE_RELEASE, False, False, 3, P.WAIT_IMAGE_RELEASE),
+        (P.START_LLM, False, False, 0, P.START_LLM),
+        (P.START_LLM, True, False, 0, P.WAIT_LLM_READY),
+        (P.WAIT_LLM_READY, True, False, 0, P.WAIT_LLM_READY),
+    ],
+)
+def test_plan_resume(phase: Phase, llm: bool, image: bool, queue: int, expected: Phase) -> None:
+    assert plan_resume(phase, llm, image, queue).phase is expected
+
+
+DONE: dict[str, Any] = {
+    "status": {"status_str": "success", "completed": True, "messages": []},
+    "outputs": {"9": {"images": [{"filename": "a.png", "subfolder": "", "type": "output"}]}},
+}
+ERROR: dict[str, Any] = {
+    "status": {"status_str": "error", "completed": False, "messages": []},
+    "outputs": {},
+}
+RUNNING: dict[str, Any] = {"status": {"status_str": None, "completed": False}, "outputs": {}}
+
+
+@pytest.mark.parametrize(
+    ("prompt_id", "history", "in_queue", "expected"),
+    [
+        (None, None, False, JobStep.NEW_ATTEMPT),
+        ("p1", None, False, JobStep.SUBMIT_SAME),
+        ("p1", None, True, JobStep.POLL),
+        ("p1", RUNNING, False, JobStep.POLL),
+        ("p1", DONE, False, JobStep.FETCH_OUTPUTS),
+        ("p1", ERROR, False, JobStep.FAILED),
+    ],
+    ids=["none", "never-seen", "queued", "running", "done", "error"],
+)
+def test_plan_job_step(
+    prompt_id: str | None, history: dict[str, Any] | None, in_queue: bool, expected: JobStep
+) -> None:
+    assert plan_job_step(prompt_id, history, in_queue) is expected
+
+
+def _persist(engine: Any, path: list[Phase]) -> None:
+    for phase in path:
+        engine.state = engine.store.transition(phase, Outcome.RESUME, "setup", engine.clock.now())
+
+
+TO_RUN = [P.STOP_LLM, P.WAIT_LLM_RELEASE, P.START_IMAGE, P.WAIT_IMAGE_READY, P.RUN_JOBS]
+
+
+@pytest.mark.parametrize(
+    ("comfy_history", "expected_submissions", "outputs_fetched"),
+    [
+        ("done", 0, True),  # finished while the arbiter was down: fetch, never resubmit
+        ("queued", 0, True),  # still running: keep polling the same prompt
+        ("never", 1, True),  # killed between recording and submitting: submit the same id
+    ],
+)
+async def test_killed_during_a_job_never_runs_it_twice(
+    tmp_path: Path, comfy_history: str, expected_submissions: int, outputs_fetched: bool
+) -> None:
+    world = World(FakeClock())
+    world.llm.running = False
+    world.image.running = True
+    engine = make_engine(tmp_path, world)
+    job = engine.submit_job(WORKFLOW, {"in.png": PNG})
+    _persist(engine, TO_RUN)
+    job = engine.store.start_attempt(job.id, "prompt-1", engine.clock.now())
+    if comfy_history == "done":
+        world.history["prompt-1"] = {
+            "status": {"status_str": "success", "completed": True, "messages": []},
+            "outputs": {"2": {"images": [{"filename": "x.png", "type": "output"}]}},
+        }
+    elif comfy_history == "queued":
+        world.queue.append("prompt-1")
+    engine.store.close()
+
+    # a new arbiter on the same database (as after SIGKILL)
+    engine = make_engine(tmp_path, world)
+    assert engine.state.phase is P.RUN_JOBS
+    await engine.resume()
+    await run_until(engine, lambda e: e.state.phase is P.SERVE_LLM)
+    after = engine.store.job(job.id)
+    assert after is not None
+    assert (after.state, after.attempts, after.prompt_id) == (JobState.DONE, 1, "prompt-1")
+    assert world.submissions == expected_submissions
+    out = tmp_path / "data" / "jobs" / job.id / "outputs" / "0.png"
+    assert out.exists() is outputs_fetched
+
+
+@pytest.mark.parametrize(
+    ("path", "llm", "image", "queue", "first_calls"),
+    [
+        # killed in stop_llm with vLLM still running and jobs queued: continue the swap
+        (TO_RUN[:1], True, False, 1, ["stop llm", "start image"]),
+        # killed in stop_llm, queue emptied meanwhile: back to llm without touching vLLM
+        (TO_RUN[:1], True, False, 0, []),
+        # killed in run_jobs after ComfyUI died: restart it, resume the queue
+        (TO_RUN, False, False, 1, ["start image"]),
+        # killed in start_llm: start it (idempotent), then wait until ready
+        (
+            [*TO_RUN, P.STOP_IMAGE, P.WAIT_IMAGE_RELEASE, P.START_LLM],
+            False,
+            False,
+            0,
+            ["start llm"],
+        ),
+    ],
+    ids=["stop_llm-continue", "stop_llm-back", "run_jobs-comfy-dead", "start_llm"],
+)
+async def test_killed_in_a_phase_converges(
+    tmp_path: Path, path: list[Phase], llm: bool, image: bool, queue: int, first_calls: list[str]
+) -> None:
+    world = World(FakeClock())
+    world.llm.running, world.image.running = llm, image
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    ids = [engine.submit_job(WORKFLOW, {}).id for _ in range(queue)]
+    _persist(engine, path)
+    engine.store.close()
+
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    await engine.resume()
+    await run_until(engine, lambda e: e.state.phase is P.SERVE_LLM and e.store.queue_length() == 0)
+    assert world.calls[: len(first_calls)] == first_calls
+    assert world.llm.running and not world.image.running
+    assert [engine.store.job(i).state for i in ids] == [JobState.DONE] * queue  # type: ignore[union-attr]

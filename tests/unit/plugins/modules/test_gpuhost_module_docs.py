@@ -1,0 +1,49 @@
+"""The modules' documentation parses and agrees with their argument specs."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe import probe_self_fdinfo
+from ansible_collections.cardshare.gpuhost.plugins.modules import kernel_info, xe_driver_info
+
+
+@pytest.mark.parametrize("module", [xe_driver_info, kernel_info], ids=lambda m: m.__name__)
+def test_documentation_matches_argument_spec(module: ModuleType) -> None:
+    doc: dict[str, Any] = yaml.safe_load(module.DOCUMENTATION)
+    yaml.safe_load(module.EXAMPLES)
+    yaml.safe_load(module.RETURN)
+    options = doc["options"]
+    spec = module.ARGUMENT_SPEC
+    assert sorted(options) == sorted(spec)
+    for name, option in options.items():
+        assert option["type"] == spec[name]["type"], name
+        assert option.get("default") == spec[name].get("default"), name
+        assert option.get("elements") == spec[name].get("elements"), name
+        assert option.get("aliases") == spec[name].get("aliases"), name
+    assert {a: doc["attributes"][a]["support"] for a in doc["attributes"]} == {
+        "check_mode": "full",
+        "diff_mode": "none",
+        "idempotent": "full",
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "has_text", "error"),
+    [
+        ("/dev/null", True, None),
+        (
+            "/nonexistent/renderD128",
+            False,
+            "cannot open /nonexistent/renderD128: No such file or directory",
+        ),
+    ],
+)
+def test_probe_self_fdinfo(path: str, has_text: bool, error: str | None) -> None:
+    text, err = probe_self_fdinfo(path)
+    assert (text is not None, err) == (has_text, error)
+    if text is not None:
+        assert "flags:" in text

@@ -1,0 +1,144 @@
+"""Mode knowledge, the hold queue and the metrics text, without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from cardshare.proxy.holdqueue import HoldQueue
+from cardshare.proxy.metrics import Counters, Gauges, Histogram, render
+from cardshare.proxy.mode import (
+    ModePayloadError,
+    ModeView,
+    on_arbiter_answer,
+    on_arbiter_down,
+    parse_mode_payload,
+)
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({"mode": "llm", "since": 1700000000}, ("llm", 1700000000.0)),
+        ({"mode": "image", "since": 1.5, "queue": []}, ("image", 1.5)),
+        ({"mode": "swapping"}, ("swapping", None)),
+    ],
+)
+def test_parse_mode_payload(doc: object, expected: tuple[str, float | None]) -> None:
+    assert parse_mode_payload(doc) == expected
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([], "expected a JSON object, got list"),
+        ({}, "mode must be one of llm, swapping, image, got None"),
+        ({"mode": "LLM"}, "mode must be one of llm, swapping, image, got 'LLM'"),
+        ({"mode": "llm", "since": "now"}, "since must be a unix timestamp, got 'now'"),
+        ({"mode": "llm", "since": True}, "since must be a unix timestamp, got True"),
+    ],
+)
+def test_parse_mode_payload_refuses(doc: object, message: str) -> None:
+    with pytest.raises(ModePayloadError) as err:
+        parse_mode_payload(doc)
+    assert str(err.value) == message
+
+
+KNOWN_IMAGE = ModeView("image", 5.0, "arbiter", 10.0, None)
+
+
+@pytest.mark.parametrize(
+    ("view", "trust", "expected"),
+    [
+        (KNOWN_IMAGE, True, ModeView("image", 5.0, "last-known", 10.0, "down")),
+        (KNOWN_IMAGE, False, ModeView("llm", None, "default", 10.0, "down")),
+        (ModeView(), True, ModeView("llm", None, "default", None, "down")),
+        (
+            ModeView("image", 5.0, "last-known", 10.0, "old"),
+            True,
+            ModeView("image", 5.0, "last-known", 10.0, "down"),
+        ),
+    ],
+)
+def test_on_arbiter_down(view: ModeView, trust: bool, expected: ModeView) -> None:
+    assert on_arbiter_down(view, "down", trust) == expected
+
+
+def test_on_arbiter_answer_clears_the_error() -> None:
+    view = ModeView("image", 5.0, "last-known", 10.0, "down")
+    assert on_arbiter_answer(view, "llm", 20.0, 30.0) == ModeView("llm", 20.0, "arbiter", 30.0)
+
+
+async def test_hold_queue_fifo_remove_and_age() -> None:
+    queue = HoldQueue()
+    first, second, third = queue.add(1.0), queue.add(2.0), queue.add(3.0)
+    assert (len(queue), queue.oldest_age(4.0)) == (3, 3.0)
+    assert (queue.remove(first), queue.remove(first)) == (True, False)
+    assert queue.oldest_age(4.0) == 2.0
+    order: list[int] = []
+
+    def recorder(ticket: int) -> Callable[[asyncio.Future[None]], None]:
+        return lambda _future: order.append(ticket)
+
+    for held in (second, third):
+        held.future.add_done_callback(recorder(held.ticket))
+    assert queue.release_all() == 2
+    await asyncio.sleep(0)
+    assert (order, len(queue), queue.oldest_age(4.0)) == ([second.ticket, third.ticket], 0, None)
+    assert not first.future.done()
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], [0, 0, 0]),
+        ([0.1], [1, 1, 1]),
+        ([0.05, 0.5, 7.0], [1, 2, 3]),
+        ([5000.0], [0, 0, 1]),
+    ],
+)
+def test_histogram_cumulative(values: list[float], expected: list[int]) -> None:
+    hist = Histogram()
+    for value in values:
+        hist.observe(value)
+    cumulative = dict(hist.cumulative())
+    assert [cumulative["0.1"], cumulative["0.5"], cumulative["+Inf"]] == expected
+    assert hist.count == len(values)
+
+
+def test_counters_refuse_unknown_outcome() -> None:
+    with pytest.raises(ValueError) as err:
+        Counters().count("lost")
+    assert str(err.value) == (
+        "unknown outcome 'lost'; known: forwarded, rejected_count, rejected_time, "
+        "rejected_too_large, client_gone, upstream_error"
+    )
+
+
+def test_render() -> None:
+    counters = Counters()
+    counters.count("forwarded")
+    counters.count("rejected_time")
+    counters.hold_seconds.observe(2.0)
+    text = render(counters, Gauges(3, 1, 12.5, "image", "last-known"))
+    lines = text.splitlines()
+    for line in (
+        'cardshare_proxy_requests_total{outcome="forwarded"} 1',
+        'cardshare_proxy_requests_total{outcome="rejected_time"} 1',
+        'cardshare_proxy_requests_total{outcome="client_gone"} 0',
+        "cardshare_proxy_held 3",
+        "cardshare_proxy_in_flight 1",
+        "cardshare_proxy_oldest_held_seconds 12.500",
+        'cardshare_proxy_hold_seconds_bucket{le="1"} 0',
+        'cardshare_proxy_hold_seconds_bucket{le="5"} 1',
+        'cardshare_proxy_hold_seconds_bucket{le="+Inf"} 1',
+        "cardshare_proxy_hold_seconds_sum 2.000000",
+        'cardshare_proxy_mode{mode="image"} 1',
+        'cardshare_proxy_mode{mode="llm"} 0',
+        'cardshare_proxy_mode_source{source="last-known"} 1',
+        "# TYPE cardshare_proxy_hold_seconds histogram",
+    ):
+        assert line in lines
+    assert text.endswith("\n")

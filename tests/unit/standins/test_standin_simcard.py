@@ -1,0 +1,235 @@
+"""simcard.py: fdinfo text in xe's format, container ids, registration on the simulated card."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import simcard
+from standin_testlib import PDEV, VRAM_TOTAL, parse_fdinfo
+
+CID = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0"),
+        (4097, "4097"),
+        (1024, "1 KiB"),
+        (192 * 1024, "192 KiB"),
+        (16 * 1024**2, "16 MiB"),
+        (20 * 1024**3, "20480 MiB"),
+        (1024**2 + 1024, "1025 KiB"),
+    ],
+)
+def test_format_size_divides_while_aligned_up_to_mib(value: int, text: str) -> None:
+    assert simcard.format_size(value) == text
+
+
+def test_format_size_refuses_negative() -> None:
+    with pytest.raises(ValueError, match=r"^negative size: -1$"):
+        simcard.format_size(-1)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("0x800000000\n", 34359738368), ("34359738368", 34359738368), (" 0X10 ", 16)],
+)
+def test_parse_vram_size_accepts_hex_and_decimal(text: str, size: int) -> None:
+    assert simcard.parse_vram_size(text) == size
+
+
+def test_render_fdinfo_matches_xe_layout() -> None:
+    state = simcard.FdinfoState(
+        client_id=3,
+        pdev=PDEV,
+        resident={"system": 4096, "gtt": 192 * 1024, "vram0": 23992 * 1024},
+        cycles={"rcs": 28257900},
+        total_cycles=7655183225,
+    )
+    text = simcard.render_fdinfo(state)
+    lines = text.splitlines()
+    assert lines[:7] == [
+        "pos:\t0",
+        "flags:\t02100002",
+        "mnt_id:\t25",
+        "ino:\t1000",
+        "drm-driver:\txe",
+        "drm-client-id:\t3",
+        f"drm-pdev:\t{PDEV}",
+    ]
+    pairs = parse_fdinfo(text)
+    assert pairs["drm-total-gtt"] == "192 KiB"
+    assert pairs["drm-resident-vram0"] == "23992 KiB"
+    assert pairs["drm-resident-system"] == "4 KiB"
+    assert pairs["drm-cycles-rcs"] == "28257900"
+    assert pairs["drm-total-cycles-ccs"] == "7655183225"
+    assert pairs["drm-engine-capacity-vcs"] == "2"
+    assert pairs["drm-engine-capacity-ccs"] == "4"
+    assert "drm-engine-capacity-rcs" not in pairs
+    assert {k for k in pairs if k.startswith("drm-cycles-")} == {
+        f"drm-cycles-{c}" for c in ("rcs", "bcs", "vcs", "vecs", "ccs")
+    }
+
+
+MOUNTINFO = (
+    "1190 1180 0:88 / / rw,relatime - overlay overlay rw\n"
+    f"1201 1190 253:0 /var/lib/docker/containers/{CID}/resolv.conf /etc/resolv.conf rw - ext4 x\n"
+    f"1202 1190 253:0 /var/lib/docker/containers/{CID}/hostname /etc/hostname rw - ext4 x\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (MOUNTINFO, CID),
+        ("1190 1180 0:88 / / rw,relatime - overlay overlay rw\n", None),
+        (f"1 2 3:4 /x/containers/{CID}/data /data rw - ext4 x\n", None),
+        ("", None),
+    ],
+)
+def test_container_id_from_mountinfo(text: str, expected: str | None) -> None:
+    assert simcard.container_id_from_mountinfo(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("container_id", "line"),
+    [
+        (CID, f"0::/system.slice/docker-{CID}.scope\n"),
+        (None, "0::/user.slice/cardshare-sim.scope\n"),
+    ],
+)
+def test_cgroup_line(container_id: str | None, line: str) -> None:
+    assert simcard.cgroup_line(container_id) == line
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"CONTAINER_ID": CID.upper()}, CID), ({"CONTAINER_ID": "abc"}, None), ({}, None)],
+)
+def test_own_container_id_falls_back_to_env(
+    env: dict[str, str], expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(simcard, "container_id_from_mountinfo", lambda _text: None)
+    assert simcard.own_container_id(env) == expected
+
+
+def test_find_card_reads_pdev_and_vram(card_root: Path) -> None:
+    card = simcard.find_card(card_root)
+    assert card is not None
+    assert (card.pdev, card.vram_total) == (PDEV, VRAM_TOTAL)
+
+
+def test_find_card_without_device_is_none(tmp_path: Path) -> None:
+    assert simcard.find_card(tmp_path) is None
+
+
+def test_no_card_means_no_registration(tmp_path: Path) -> None:
+    client = simcard.SimClient("python3", ["python3"], root=tmp_path, container_id=None)
+    assert client.register(vram=1) is False
+    assert not (tmp_path / "proc").exists()
+    client.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_register_writes_the_proc_entry(card_root: Path) -> None:
+    client = simcard.SimClient(
+        "VLLM::EngineCore-long", ["vllm", "serve", "m"], root=card_root, container_id=CID
+    )
+    assert client.register(vram=27 * 1024**3)
+    try:
+        assert client.pid is not None and client.pid >= 100000
+        entry = card_root / "proc" / str(client.pid)
+        assert (entry / "comm").read_text() == "VLLM::EngineCor\n"
+        assert (entry / "cmdline").read_bytes() == b"vllm\0serve\0m\0"
+        assert (entry / "cgroup").read_text() == f"0::/system.slice/docker-{CID}.scope\n"
+        fd = entry / "fd" / str(simcard.DRM_FD)
+        assert os.readlink(fd) == str(card_root / "dev" / "dri" / "renderD128")
+        pairs = parse_fdinfo((entry / "fdinfo" / str(simcard.DRM_FD)).read_text())
+        assert pairs["drm-resident-vram0"] == "27648 MiB"
+        assert pairs["drm-client-id"] == str(client.client_id)
+        owner = json.loads((entry / simcard.OWNER_FILE).read_text())
+        assert owner["owner_pid"] == os.getpid()
+        assert owner["container_id"] == CID
+    finally:
+        client.close()
+    assert not entry.exists()
+    assert [p.name for p in (card_root / "proc").iterdir()] == []
+
+
+def test_two_clients_get_distinct_pids_and_client_ids(card_root: Path) -> None:
+    first = simcard.SimClient("a", ["a"], root=card_root, container_id=None)
+    second = simcard.SimClient("b", ["b"], root=card_root, container_id=None)
+    first.register(vram=1024**3)
+    second.register(vram=2 * 1024**3)
+    try:
+        assert first.pid != second.pid
+        assert first.client_id != second.client_id
+        assert simcard.read_resident_vram(card_root, PDEV) == 3 * 1024**3
+        free, total = first.free_vram()
+        assert (free, total) == (VRAM_TOTAL - 3 * 1024**3, VRAM_TOTAL)
+    finally:
+        first.close()
+        second.close()
+    third = simcard.SimClient("c", ["c"], root=card_root, container_id=None)
+    third.register()
+    try:
+        assert third.client_id is not None and second.client_id is not None
+        assert third.client_id > second.client_id
+    finally:
+        third.close()
+
+
+def test_duplicate_descriptors_count_once(card_root: Path) -> None:
+    client = simcard.SimClient("a", ["a"], root=card_root, container_id=None)
+    client.register(vram=1024**3)
+    try:
+        assert client.pid_dir is not None
+        fdinfo = client.pid_dir / "fdinfo"
+        (fdinfo / "99").write_text((fdinfo / str(simcard.DRM_FD)).read_text())
+        assert simcard.read_resident_vram(card_root, PDEV) == 1024**3
+        assert simcard.read_resident_vram(card_root, "0000:04:00.0") == 0
+    finally:
+        client.close()
+
+
+def test_cycles_advance_only_for_busy_engines(card_root: Path) -> None:
+    clock = FakeClock()
+    client = simcard.SimClient(
+        "a", ["a"], root=card_root, container_id=None, clock=clock, tick_seconds=3600
+    )
+    client.register()
+    try:
+        start = client.snapshot()
+        assert start is not None
+        client.set_busy({"ccs": 1.0})
+        clock.now = 2.0
+        client.set_busy({})
+        clock.now = 5.0
+        client.refresh()
+        end = client.snapshot()
+        assert end is not None
+        assert end.cycles["ccs"] == 2 * simcard.TIMESTAMP_HZ
+        assert end.cycles["vcs"] == 0
+        assert end.total_cycles - start.total_cycles == 5 * simcard.TIMESTAMP_HZ
+        assert client.pid_dir is not None
+        pairs = parse_fdinfo((client.pid_dir / "fdinfo" / str(simcard.DRM_FD)).read_text())
+        assert pairs["drm-cycles-ccs"] == str(2 * simcard.TIMESTAMP_HZ)
+    finally:
+        client.close()
+
+
+def test_set_busy_refuses_unknown_engine(card_root: Path) -> None:
+    client = simcard.SimClient("a", ["a"], root=card_root, container_id=None)
+    with pytest.raises(ValueError, match=r"^unknown engine classes: \['gpu'\]$"):
+        client.set_busy({"gpu": 1.0})

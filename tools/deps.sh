@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what the lab and the tests need on a bare Debian/Ubuntu machine (as root):
+# the Docker engine and client (docker.io) and debootstrap. Skips what is present.
+set -euo pipefail
+missing=()
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+[ ${#missing[@]} -gt 0 ] || exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: missing ${missing[*]}; install them as root (apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
