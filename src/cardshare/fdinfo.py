@@ -155,7 +155,7 @@ _ENGINE_PREFIXES = (
     ("drm-engine-capacity-", "capacity"),
     ("drm-engine-", "busy_ns"),
 )
-_MEMORY_PREFIXES = tuple((f"drm-{kind}-", kind) for kind in (*MEMORY_KINDS, "memory"))
+_MEMORY_KEY_KINDS = frozenset((*MEMORY_KINDS, "memory"))
 
 
 def _split_line(line: str) -> tuple[str, str] | None:
@@ -234,12 +234,14 @@ def _parse_counter(
     key: str, value: str, mem: dict[str, dict[str, int]], eng: dict[str, dict[str, int]]
 ) -> bool:
     """Store a known counter; return False for keys this module does not interpret."""
+    if not key.startswith("drm-"):
+        return False
     for prefix, attr in _ENGINE_PREFIXES:
         if key.startswith(prefix) and len(key) > len(prefix):
             eng.setdefault(key[len(prefix) :], {})[attr] = parse_uint(value)
             return True
-    for prefix, kind in _MEMORY_PREFIXES:
-        if key.startswith(prefix) and len(key) > len(prefix):
-            mem.setdefault(key[len(prefix) :], {})[kind] = parse_size(value)
-            return True
+    kind, _, region = key[4:].partition("-")
+    if region and kind in _MEMORY_KEY_KINDS:
+        mem.setdefault(region, {})[kind] = parse_size(value)
+        return True
     return False

@@ -36,6 +36,7 @@ UNKNOWN_PDEV = "unknown"
 
 IsDrm = Callable[[os.stat_result], bool]
 
+_READ_SIZE = 65536
 # Link targets of descriptors that are not paths (never a device node).
 _PSEUDO_FILES = ("socket:", "pipe:", "anon_inode:")
 _CLIENT_ID_RE = re.compile(rb"^drm-client-id:[ \t]*([0-9]+)[ \t]*$", re.MULTILINE)
@@ -90,7 +91,10 @@ class ScanStats:
 
 @dataclass(slots=True)
 class ProcScan:
-    """The result of :func:`scan_proc`."""
+    """The result of :func:`scan_proc`.
+
+    ``processes`` holds the process that names each client: the lowest pid holding it.
+    """
 
     clients: dict[tuple[str, int], DrmClient] = field(default_factory=dict)
     processes: dict[int, ProcessInfo] = field(default_factory=dict)
@@ -100,11 +104,14 @@ class ProcScan:
 def _read_bytes(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
+        # A short read is the end of a regular or seq_file (proc) file: one read suffices
+        # for the small files read here.
+        chunk = os.read(fd, _READ_SIZE)
+        if len(chunk) < _READ_SIZE:
+            return chunk
+        chunks = [chunk]
+        while chunk:
+            chunk = os.read(fd, _READ_SIZE)
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
@@ -143,14 +150,11 @@ def _quick_key(data: bytes) -> tuple[str, int] | None:
 
 
 def _namespace_key(pid_dir: str) -> str:
-    """Mount namespace and root of a process: the context in which its fd link targets resolve."""
-    parts = []
-    for name in ("ns/mnt", "root"):
-        try:
-            parts.append(os.readlink(f"{pid_dir}/{name}"))
-        except OSError:
-            parts.append("")
-    return "\0".join(parts)
+    """The mount namespace of a process: the context in which its fd link targets resolve."""
+    try:
+        return os.readlink(f"{pid_dir}/ns/mnt")
+    except OSError:
+        return ""
 
 
 def _drm_descriptors(
@@ -160,7 +164,7 @@ def _drm_descriptors(
 
     Each link target is read first: kernel pseudo files (``socket:``, ``pipe:``,
     ``anon_inode:``) are never DRM devices, and a path already checked in the same mount
-    namespace and root is not ``stat()``-ed again.  Otherwise the descriptor itself is
+    namespace is not ``stat()``-ed again.  Otherwise the descriptor itself is
     ``stat()``-ed (following the link), which works for real and simulated trees alike.
     """
     try:
@@ -222,6 +226,7 @@ def scan_proc(root: str = "/", is_drm: IsDrm = is_drm_char_device) -> ProcScan:
     result = ProcScan()
     stats = result.stats
     cache: dict[tuple[str, str], bool] = {}
+    by_text: dict[bytes, DrmClient] = {}
     with os.scandir(proc_dir) as entries:
         pids = [int(e.name) for e in entries if e.name.isdigit()]
     for pid in pids:
@@ -230,7 +235,6 @@ def scan_proc(root: str = "/", is_drm: IsDrm = is_drm_char_device) -> ProcScan:
         drm_fds = _drm_descriptors(pid_dir, is_drm, cache, stats)
         if not drm_fds:
             continue
-        holds_client = False
         for fd in drm_fds:
             stats.drm_descriptors += 1
             try:
@@ -241,8 +245,11 @@ def scan_proc(root: str = "/", is_drm: IsDrm = is_drm_char_device) -> ProcScan:
             except OSError:
                 stats.unreadable += 1
                 continue
-            key = _quick_key(data)
-            client = result.clients.get(key) if key is not None else None
+            # Descriptors of one client print the same text: the common case is a dict hit.
+            client = by_text.get(data)
+            if client is None:
+                key = _quick_key(data)
+                client = result.clients.get(key) if key is not None else None
             if client is None:
                 info = parse_fdinfo(data.decode("utf-8", "replace"))
                 stats.malformed_lines += info.malformed
@@ -254,9 +261,12 @@ def scan_proc(root: str = "/", is_drm: IsDrm = is_drm_char_device) -> ProcScan:
                 if client is None:
                     client = DrmClient(pdev=full_key[0], client_id=full_key[1], fdinfo=info)
                     result.clients[full_key] = client
+            by_text[data] = client
             client.pids.add(pid)
             client.descriptors += 1
-            holds_client = True
-        if holds_client:
+    # Naming reads comm, cmdline and cgroup of one process per client: the lowest pid.
+    for client in result.clients.values():
+        pid = min(client.pids)
+        if pid not in result.processes:
             result.processes[pid] = read_process_info(proc_dir, pid)
     return result

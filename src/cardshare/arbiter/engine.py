@@ -196,19 +196,22 @@ class Engine:
 
     # -- resume ----------------------------------------------------------------------------
 
-    async def resume(self) -> None:
-        """Converge the persisted phase with the containers' real states."""
+    async def resume(self) -> bool:
+        """Converge the persisted phase with the containers' real states; False when the
+        containers cannot be inspected (the caller retries)."""
         try:
             llm_running = (await self.containers.state("llm")).running
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
             self._alert("docker", str(exc))
-            return
+            return False
+        self._clear("docker")
         plan = plan_resume(self.state.phase, llm_running, image_running, self.store.queue_length())
         if plan.phase is not self.state.phase:
             self._move(plan.phase, Outcome.RESUME, f"resume: {plan.reason}")
         else:
             log.info("resume in %s: %s", self.state.phase, plan.reason)
+        return True
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -220,7 +223,8 @@ class Engine:
             self.transition(result.outcome, result.reason)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.resume()
+        while not stop.is_set() and not await self.resume():
+            await self.clock.sleep(self.config.poll_interval_seconds)
         while not stop.is_set():
             try:
                 await self.step()

@@ -13,6 +13,7 @@ OUTCOMES = (
     "rejected_count",
     "rejected_time",
     "rejected_too_large",
+    "rejected_stopping",
     "client_gone",
     "upstream_error",
 )

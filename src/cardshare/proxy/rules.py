@@ -157,6 +157,17 @@ def upstream_message(waited_seconds: float, reason: str, retry_after: int) -> st
     )
 
 
+def broken_message(reason: str, retry_after: int) -> str:
+    """Why a request is refused when the LLM server broke off a short answer before any byte
+    of it reached the client."""
+    return f"the LLM server broke off its answer: {reason}; retry after {retry_after} s"
+
+
+def stopping_message(retry_after: int) -> str:
+    """Why a held request is refused when the proxy stops."""
+    return f"the proxy is restarting; retry after {retry_after} s"
+
+
 def too_large_message(max_body_bytes: int) -> str:
     """Why a request body is refused."""
     return f"request body exceeds {max_body_bytes} bytes (max_body_bytes)"

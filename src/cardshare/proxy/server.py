@@ -98,6 +98,7 @@ class Proxy:
         self.counters = Counters()
         self.in_flight = 0
         self.connecting = 0
+        self.stopping = False
         self.last_request_started: float | None = None
         self.last_request_finished: float | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -175,14 +176,19 @@ class Proxy:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-            self.queue.release_all()
             await self._session.close()
             await self._arbiter_session.close()
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        """Stopping: held requests get their 503 now instead of holding up the shutdown."""
+        self.stopping = True
+        self.queue.release_all()
 
     def make_app(self) -> web.Application:
         """The aiohttp application: the proxy's own endpoints and the forwarded paths."""
         app = web.Application()
         app.cleanup_ctx.append(self._lifecycle)
+        app.on_shutdown.append(self._on_shutdown)
         app.router.add_get("/proxy/health", self.handle_health)
         app.router.add_get("/proxy/state", self.handle_state)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -304,7 +310,10 @@ class Proxy:
             while True:
                 waited = self.clock() - arrived
                 if held.future.done():
-                    return None
+                    if not self.stopping:
+                        return None
+                    msg = rules.stopping_message(cfg.retry_after_seconds)
+                    return self._error(503, msg, "proxy_stopping", "rejected_stopping")
                 if rules.hold_expired(waited, cfg.hold_max_seconds):
                     msg = rules.time_message(
                         self.view.mode, cfg.hold_max_seconds, cfg.retry_after_seconds
@@ -370,7 +379,6 @@ class Proxy:
                 self.connecting -= 1
             if isinstance(upstream, web.StreamResponse):
                 return upstream
-            self.counters.count("forwarded")
             try:
                 return await self._relay(request, upstream)
             finally:
@@ -397,8 +405,11 @@ class Proxy:
             try:
                 body = await upstream.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                LOG.warning("upstream broke mid-response: %s", _describe(exc))
-                return web.Response(status=499)  # nothing sent yet: the client's connection ends
+                # nothing has reached the client yet: it can still get a clear answer
+                LOG.warning("upstream broke off its answer: %s", _describe(exc))
+                msg = rules.broken_message(_describe(exc), self.config.retry_after_seconds)
+                return self._error(503, msg, "upstream_broken", "upstream_error")
+            self.counters.count("forwarded")
             # aiohttp sets Content-Length from the body itself
             without_length = CIMultiDict(
                 (k, v) for k, v in headers if k.lower() != "content-length"
@@ -406,6 +417,7 @@ class Proxy:
             return web.Response(
                 status=upstream.status, reason=upstream.reason, headers=without_length, body=body
             )
+        self.counters.count("forwarded")
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         resp.headers.extend(headers)
         await resp.prepare(request)

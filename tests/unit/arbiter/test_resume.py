@@ -11,6 +11,7 @@ from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_unti
 from cardshare.arbiter.resume import JobStep, plan_job_step, plan_resume
 from cardshare.arbiter.states import Outcome, Phase
 from cardshare.arbiter.store import JobState
+from cardshare.docker_api import DockerError
 
 P = Phase
 
@@ -111,7 +112,7 @@ async def test_killed_during_a_job_never_runs_it_twice(
     # a new arbiter on the same database (as after SIGKILL)
     engine = make_engine(tmp_path, world)
     assert engine.state.phase is P.RUN_JOBS
-    await engine.resume()
+    assert await engine.resume()
     await run_until(engine, lambda e: e.state.phase is P.SERVE_LLM)
     after = engine.store.job(job.id)
     assert after is not None
@@ -152,8 +153,23 @@ async def test_killed_in_a_phase_converges(
     engine.store.close()
 
     engine = make_engine(tmp_path, world, idle_seconds=1.0)
-    await engine.resume()
+    assert await engine.resume()
     await run_until(engine, lambda e: e.state.phase is P.SERVE_LLM and e.store.queue_length() == 0)
     assert world.calls[: len(first_calls)] == first_calls
     assert world.llm.running and not world.image.running
     assert [engine.store.job(i).state for i in ids] == [JobState.DONE] * queue  # type: ignore[union-attr]
+
+
+async def test_resume_waits_for_docker(tmp_path: Path) -> None:
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world)
+
+    async def no_engine(role: str) -> Any:
+        raise DockerError("Docker Engine at /run/docker.sock did not answer GET /x: refused")
+
+    engine.containers.state = no_engine  # type: ignore[method-assign]
+    assert await engine.resume() is False
+    assert engine.alerts == {
+        "docker": "Docker Engine at /run/docker.sock did not answer GET /x: refused"
+    }
+    assert engine.state.phase is P.SERVE_LLM

@@ -37,8 +37,19 @@ def test_scan_then_clients_then_report(
     rules = tmp_path / "rules.json"
     rules.write_text('[{"pattern": "^python3$", "name": "llm", "match": "comm"}]')
     code = main(
-        ["scan", "--root", str(rec_tree.root), "--data-dir", str(data), "--rules", str(rules),
-         "--docker-socket", "", "--textfile", str(tmp_path / "c.prom")]
+        [
+            "scan",
+            "--root",
+            str(rec_tree.root),
+            "--data-dir",
+            str(data),
+            "--rules",
+            str(rules),
+            "--docker-socket",
+            "",
+            "--textfile",
+            str(tmp_path / "c.prom"),
+        ]
     )
     out = capsys.readouterr()
     assert (code, out.err) == (0, "")
@@ -56,9 +67,7 @@ def test_scan_then_clients_then_report(
     month = current["timestamp"][:7]
     assert main(["report", "--month", month, "--data-dir", str(data), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [(c["name"], c["vram_peak_bytes"]) for c in report["clients"]] == [
-        ("llm", 20 * 1024**3)
-    ]
+    assert [(c["name"], c["vram_peak_bytes"]) for c in report["clients"]] == [("llm", 20 * 1024**3)]
 
 
 def test_clients_two_samples(
@@ -68,8 +77,18 @@ def test_clients_two_samples(
         pytest.skip("mknod of a character device is not permitted here (needs CAP_MKNOD)")
     _lab_like(rec_tree, rec_make_fdinfo)
     code = main(
-        ["clients", "--root", str(rec_tree.root), "--interval", "0.01", "--json",
-         "--docker-socket", "", "--podman-socket", ""]
+        [
+            "clients",
+            "--root",
+            str(rec_tree.root),
+            "--interval",
+            "0.01",
+            "--json",
+            "--docker-socket",
+            "",
+            "--podman-socket",
+            "",
+        ]
     )
     assert code == 0
     snapshot = json.loads(capsys.readouterr().out)
@@ -198,8 +217,20 @@ def test_zipapp_runs_scan(
     assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n")
     data = tmp_path / "data"
     run = subprocess.run(
-        [sys.executable, "-I", str(pyz), "scan", "--root", str(rec_tree.root),
-         "--data-dir", str(data), "--docker-socket", "", "--podman-socket", ""],
+        [
+            sys.executable,
+            "-I",
+            str(pyz),
+            "scan",
+            "--root",
+            str(rec_tree.root),
+            "--data-dir",
+            str(data),
+            "--docker-socket",
+            "",
+            "--podman-socket",
+            "",
+        ],
         capture_output=True,
         text=True,
         check=False,

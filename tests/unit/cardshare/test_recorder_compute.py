@@ -112,7 +112,9 @@ def i915(ns: int, capacity: int = 1) -> str:
         (i915(0), i915(30 * S), 0, None),
     ],
 )
-def test_client_busy_i915(first: str, second: str, wall: int | None, expected: float | None) -> None:
+def test_client_busy_i915(
+    first: str, second: str, wall: int | None, expected: float | None
+) -> None:
     _, state = client_busy(None, parse_fdinfo(first), None)
     ratios, _ = client_busy(state, parse_fdinfo(second), wall)
     assert ratios == {"video": expected}
@@ -137,7 +139,9 @@ def test_engine_without_counters_is_left_out() -> None:
         (None, 10, "a", False),
     ],
 )
-def test_usable_previous(state: dict[str, Any] | None, now: int, boot: str | None, usable: bool) -> None:
+def test_usable_previous(
+    state: dict[str, Any] | None, now: int, boot: str | None, usable: bool
+) -> None:
     assert (usable_previous(state, now, boot) is not None) is usable
 
 
@@ -158,7 +162,9 @@ def _two_scans(tree: Any, make: Callable[..., str]) -> tuple[dict[str, Any], dic
     t.drm_fd(102, 3, make(5, cycles={"vcs": (0, 1000)}))
     rules_and_names = {100: "llm", 101: "llm", 102: "plex"}
     scan1 = scan_proc(str(t.root), t.is_drm)
-    snap1, state1 = build_snapshot(scan1, rules_and_names, read_cards(str(t.root)), None, 10 * S, "h", "boot-1")
+    snap1, state1 = build_snapshot(
+        scan1, rules_and_names, read_cards(str(t.root)), None, 10 * S, "h", "boot-1"
+    )
     # counters advance
     (t.root / "proc/100/fdinfo/3").write_text(
         make(1, vram="1 MiB", cycles={"ccs": (1000, 2000)}, capacity={"ccs": 4})

@@ -226,9 +226,7 @@ def _tree(tree: Any, make: Callable[..., str], busy: int, total: int) -> None:
     (base / "fdinfo" / "3").write_text(make(8, vram="2 MiB", cycles={"vcs": (busy, total)}))
 
 
-def test_run_scan_twice(
-    rec_tree: Any, rec_make_fdinfo: Callable[..., str], tmp_path: Path
-) -> None:
+def test_run_scan_twice(rec_tree: Any, rec_make_fdinfo: Callable[..., str], tmp_path: Path) -> None:
     data = tmp_path / "data"
     textfile = tmp_path / "cardshare.prom"
     config = ScanConfig(
@@ -261,8 +259,9 @@ def test_run_scan_twice(
     ]
     assert sorted(os.listdir(data / "history")) == ["2026-09.jsonl"]
     assert sorted(os.listdir(data)) == ["current.json", "history", "state.json"]
-    assert 'cardshare_client_engine_busy_ratio{client="plex",card="0000:03:00.0",engine="vcs"} 0.1' in (
-        textfile.read_text()
+    assert (
+        'cardshare_client_engine_busy_ratio{client="plex",card="0000:03:00.0",engine="vcs"} 0.1'
+        in (textfile.read_text())
     )
 
 

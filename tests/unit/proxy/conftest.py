@@ -121,6 +121,15 @@ class FakeUpstream:
         request.transport.close()
         return resp
 
+    async def short(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = 1000
+        await resp.prepare(request)
+        await resp.write(b'{"partial": ')
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
     async def endless(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -139,6 +148,7 @@ class FakeUpstream:
         app.router.add_post("/v1/dead", self.dead)
         app.router.add_post("/v1/broken", self.broken)
         app.router.add_post("/v1/endless", self.endless)
+        app.router.add_post("/v1/short", self.short)
         self.runner = web.AppRunner(app, **runner_kwargs())
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
@@ -209,6 +219,7 @@ class Stand:
     proxy: Proxy
     client: aiohttp.ClientSession
     url: str
+    runner: web.AppRunner
 
     async def set_mode(self, mode: str) -> None:
         """Flip the arbiter's mode and wait until the proxy has seen it."""
@@ -260,7 +271,7 @@ async def make_stand() -> AsyncIterator[StandFactory]:
         # the proxy's first poll runs at start-up: let it land before tests flip the mode
         await wait_for(lambda: proxy.view.source != "default", "first mode poll")
         cleanups.extend([client.close, runner.cleanup, upstream.stop, arbiter.stop])
-        return Stand(upstream, arbiter, proxy, client, f"http://127.0.0.1:{port}")
+        return Stand(upstream, arbiter, proxy, client, f"http://127.0.0.1:{port}", runner)
 
     yield factory
     for cleanup in cleanups:

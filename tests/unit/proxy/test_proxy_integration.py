@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cardshare.proxy.rules import count_message, time_message
+from cardshare.proxy.rules import count_message, stopping_message, time_message
 
 from .conftest import StandFactory, wait_for
 
@@ -155,7 +155,8 @@ async def test_arbiter_down(make_stand: StandFactory, trust: bool) -> None:
     state = await stand.state()
     expected = ("image", "last-known") if trust else ("llm", "default")
     assert (state["mode"], state["mode_source"]) == expected
-    assert state["arbiter_error"].startswith("ClientConnectorError")
+    # refused, or (aiohttp 3.8) the pooled keep-alive connection closed by the stopped arbiter
+    assert state["arbiter_error"].startswith(("ClientConnectorError", "ServerDisconnectedError"))
     status, _, _ = await post_json(stand, "/v1/chat/completions", CHAT)
     assert status == (503 if trust else 200)
 
@@ -253,6 +254,15 @@ async def test_upstream_breaking_mid_stream_ends_the_stream(make_stand: StandFac
     assert stand.proxy.in_flight == 0
 
 
+async def test_upstream_breaking_a_short_answer_is_503(make_stand: StandFactory) -> None:
+    stand = await make_stand(retry_after_seconds=3)
+    status, headers, doc = await post_json(stand, "/v1/short", CHAT)
+    assert (status, headers["Retry-After"], doc["error"]["code"]) == (503, "3", "upstream_broken")
+    assert doc["error"]["message"].startswith("the LLM server broke off its answer: ")
+    outcomes = stand.proxy.counters.outcomes
+    assert (outcomes["upstream_error"], outcomes["forwarded"]) == (1, 0)
+
+
 async def test_client_gone_mid_stream_closes_upstream(make_stand: StandFactory) -> None:
     stand = await make_stand()
     async with stand.client.post(stand.url + "/v1/endless", json=CHAT) as resp:
@@ -312,3 +322,15 @@ async def test_health_and_metrics(make_stand: StandFactory) -> None:
         "cardshare_proxy_hold_seconds_count 0",
     ):
         assert line in lines
+
+
+async def test_stopping_answers_held_requests_at_once(make_stand: StandFactory) -> None:
+    stand = await make_stand(retry_after_seconds=4)
+    await stand.set_mode("image")
+    task = asyncio.ensure_future(post_json(stand, "/v1/chat/completions", CHAT))
+    await wait_for(lambda: len(stand.proxy.queue) == 1, "request held")
+    await stand.runner.cleanup()
+    status, headers, doc = await task
+    assert (status, headers["Retry-After"], doc["error"]["code"]) == (503, "4", "proxy_stopping")
+    assert doc["error"]["message"] == stopping_message(4)
+    assert stand.proxy.counters.outcomes["rejected_stopping"] == 1

@@ -156,6 +156,11 @@ def test_response_headers(given: list[tuple[str, str]], expected: list[tuple[str
             "the LLM server is not accepting connections (starting?) after 120.0 s: "
             "ClientConnectorError: refused; retry after 30 s",
         ),
+        (
+            rules.broken_message("ClientPayloadError: cut", 30),
+            "the LLM server broke off its answer: ClientPayloadError: cut; retry after 30 s",
+        ),
+        (rules.stopping_message(30), "the proxy is restarting; retry after 30 s"),
         (rules.too_large_message(8388608), "request body exceeds 8388608 bytes (max_body_bytes)"),
     ],
 )

@@ -127,7 +127,7 @@ def main():
 
     driver = {"auto": alias_driver(uname, pci_id), "none": None}.get(k["SIM_DRIVER"], k["SIM_DRIVER"])
     if driver:
-        os.symlink(f"../../../bus/pci/drivers/{driver}", os.path.join(ROOT, dev, "driver"))
+        os.symlink(f"../../drivers/{driver}", os.path.join(ROOT, dev, "driver"))
         for node in ("card0", "renderD128"):
             os.makedirs(os.path.join(ROOT, dev, "drm", node), exist_ok=True)
         mknod("dev/dri/card0", 0)
