@@ -102,9 +102,13 @@ def run_upstream(port: int, shape: Shape) -> None:
             return web.Response(body=body, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for _ in range(shape.chunks):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n in range(shape.chunks):
             if paced and shape.chunk_interval_ms:
-                await asyncio.sleep(shape.chunk_interval_ms / 1000)
+                # paced on absolute times, like a GPU: host scheduling jitter does not add up
+                due = start + (n + 1) * shape.chunk_interval_ms / 1000
+                await asyncio.sleep(max(0.0, due - loop.time()))
             await resp.write(one_chunk)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

@@ -40,9 +40,9 @@ Snapshot schema (``schema`` 1)::
               "gtt_bytes": 196608,              # resident "gtt" region
               "engines": {"ccs": 0.42, "rcs": 0.0},  # busy share since the previous scan,
                                                 # 0..1 of the class capacity; null = unknown
-              "pids": [100001],
-              "containers": ["<64 hex>"],
-              "commands": ["python3"],
+              "pids": [100001],                 # every process holding one of its clients
+              "containers": ["<64 hex>"],       # of the naming process (lowest pid) of each
+              "commands": ["python3"],          # DRM client, likewise
               "drm_client_ids": [3]
             }
           ]

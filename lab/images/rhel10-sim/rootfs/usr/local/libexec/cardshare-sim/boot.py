@@ -30,8 +30,12 @@ EFI_SB = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b
 
 def knobs():
     values = {
-        "SIM_PCI_ID": "e223", "SIM_DRIVER": "auto", "SIM_GUC_STATUS": "RUNNING",
-        "SIM_HUC_STATUS": "RUNNING", "SIM_SECURE_BOOT": "1", "SIM_VRAM_BYTES": str(32 << 30),
+        "SIM_PCI_ID": "e223",
+        "SIM_DRIVER": "auto",
+        "SIM_GUC_STATUS": "RUNNING",
+        "SIM_HUC_STATUS": "RUNNING",
+        "SIM_SECURE_BOOT": "1",
+        "SIM_VRAM_BYTES": str(32 << 30),
     }
     with open(KNOBS, encoding="utf-8") as fh:
         for line in fh:
@@ -53,14 +57,23 @@ def write(rel, text, mode=0o644):
 
 def installed_kernels():
     out = subprocess.run(
-        ["rpm", "-qa", "--qf", "%{NAME}\t%{EPOCHNUM}\t%{VERSION}\t%{RELEASE}\t%{ARCH}\t%{VENDOR}\n"],
-        check=True, capture_output=True, text=True,
+        [
+            "rpm",
+            "-qa",
+            "--qf",
+            "%{NAME}\t%{EPOCHNUM}\t%{VERSION}\t%{RELEASE}\t%{ARCH}\t%{VENDOR}\n",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     kernels = []
     for line in out.splitlines():
         name, epoch, ver, rel, arch, vendor = line.split("\t")
         if name in ("kernel-core", "kernel-ml-core"):
-            kernels.append({"evr": (epoch, ver, rel), "uname": f"{ver}-{rel}.{arch}", "vendor": vendor})
+            kernels.append(
+                {"evr": (epoch, ver, rel), "uname": f"{ver}-{rel}.{arch}", "vendor": vendor}
+            )
     return kernels
 
 
@@ -91,8 +104,13 @@ def alias_driver(uname, pci_id):
 def uc_info(kind, firmware, status):
     lines = [f"{kind} firmware: {firmware}", f"\tstatus: {status}"]
     if status == "RUNNING":
-        lines += ["\tversion: wanted 70.44.1, found 70.44.1" if kind == "GuC" else "\tversion: found 8.2.10",
-                  "\tuCode: 335872 bytes", "\tRSA: 384 bytes"]
+        lines += [
+            "\tversion: wanted 70.44.1, found 70.44.1"
+            if kind == "GuC"
+            else "\tversion: found 8.2.10",
+            "\tuCode: 335872 bytes",
+            "\tRSA: 384 bytes",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +143,9 @@ def main():
     for drv in ("xe", "i915"):
         os.makedirs(os.path.join(ROOT, "sys/bus/pci/drivers", drv), exist_ok=True)
 
-    driver = {"auto": alias_driver(uname, pci_id), "none": None}.get(k["SIM_DRIVER"], k["SIM_DRIVER"])
+    driver = {"auto": alias_driver(uname, pci_id), "none": None}.get(
+        k["SIM_DRIVER"], k["SIM_DRIVER"]
+    )
     if driver:
         os.symlink(f"../../drivers/{driver}", os.path.join(ROOT, dev, "driver"))
         for node in ("card0", "renderD128"):
@@ -137,12 +157,18 @@ def main():
         os.symlink("../card0", os.path.join(ROOT, f"dev/dri/by-path/pci-{BDF}-card"))
         if driver == "xe":
             write(f"{dev}/tile0/physical_vram_size_bytes", hex(int(k["SIM_VRAM_BYTES"])) + "\n")
-            write("sys/kernel/debug/dri/0/gt0/uc/guc_info",
-                  uc_info("GuC", "xe/bmg_guc_70.bin", k["SIM_GUC_STATUS"]))
-            write("sys/kernel/debug/dri/0/gt1/uc/huc_info",
-                  uc_info("HuC", "xe/bmg_huc.bin", k["SIM_HUC_STATUS"]))
-    print(f"SIMULATION: booted {uname}; card {BDF} (8086:{pci_id}) driver={driver or 'none'} "
-          f"secure_boot={int(secure_boot)}")
+            write(
+                "sys/kernel/debug/dri/0/gt0/uc/guc_info",
+                uc_info("GuC", "xe/bmg_guc_70.bin", k["SIM_GUC_STATUS"]),
+            )
+            write(
+                "sys/kernel/debug/dri/0/gt1/uc/huc_info",
+                uc_info("HuC", "xe/bmg_huc.bin", k["SIM_HUC_STATUS"]),
+            )
+    print(
+        f"SIMULATION: booted {uname}; card {BDF} (8086:{pci_id}) driver={driver or 'none'} "
+        f"secure_boot={int(secure_boot)}"
+    )
 
 
 if __name__ == "__main__":
