@@ -127,13 +127,6 @@ async def test_count_bound_answers_503_with_retry_after(
     assert stand.proxy.counters.outcomes["rejected_count"] == 1
 
 
-async def test_count_message_for_image_mode_is_clear() -> None:
-    assert count_message("image", 64, 30) == (
-        "the card is lent to image jobs and 64 requests are already waiting "
-        "(hold_max_requests); retry after 30 s"
-    )
-
-
 async def test_time_bound_answers_503(make_stand: StandFactory) -> None:
     stand = await make_stand(hold_max_seconds=0.2, retry_after_seconds=5)
     await stand.set_mode("image")

@@ -1,0 +1,50 @@
+# cardshare.gpuhost: the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+.PHONY: help demo test lint unit molecule deps venv engine engine-stop images lab-host lab-down build clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
+
+demo: ## build the lab if needed and run playbooks/site.yml against the lab host, twice
+	tools/demo.sh
+
+test: ## everything: lint, unit tests, every molecule scenario (installs and starts what it needs)
+	tools/run-tests.sh
+
+lint: venv ## yamllint, ansible-lint, ruff, mypy, role docs, changelog
+	tools/collection-link.sh && tools/lint.sh
+
+unit: venv ## the Python unit tests
+	tools/collection-link.sh && .venv/bin/pytest -q
+
+molecule: ## every molecule scenario (SCENARIOS="a b" for some)
+	SKIP_STATIC=1 tools/run-tests.sh
+
+deps: ## install Docker engine and debootstrap (Debian, as root) when missing
+	tools/deps.sh
+
+venv: ## the pinned development virtualenv in .venv
+	tools/venv.sh
+
+engine: ## start the project's Docker engine when none answers
+	lab/scripts/engine.sh start
+
+engine-stop: ## stop the project's Docker engine (only if the project started it)
+	lab/scripts/engine.sh stop
+
+images: ## build the lab images that are missing (cached by recipe hash)
+	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/images.sh
+
+lab-host: images ## create and boot the demo's lab host
+	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/host.sh up
+
+lab-down: ## remove the demo's lab host
+	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/host.sh down
+
+build: venv ## build the collection tarball
+	.venv/bin/ansible-galaxy collection build --force
+
+clean: ## remove local caches (not the lab image cache)
+	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache cardshare-gpuhost-*.tar.gz

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `make demo`: builds the lab if needed, boots the lab host, runs playbooks/site.yml
+# against it (inventories/lab), runs it a second time to show nothing changes, and
+# prints what was changed and proven.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/deps.sh
+tools/venv.sh
+tools/collection-link.sh
+export PATH="$PWD/.venv/bin:$PATH"
+if ! DOCKER_HOST=$(lab/scripts/engine.sh host) timeout 10 docker info >/dev/null 2>&1; then
+  lab/scripts/engine.sh start
+fi
+DOCKER_HOST=$(lab/scripts/engine.sh host); export DOCKER_HOST
+lab/scripts/images.sh
+lab/scripts/host.sh up
+
+logs=.cache/demo; mkdir -p "$logs"
+run_site() {
+  ANSIBLE_STDOUT_CALLBACK=default ansible-playbook -i inventories/lab playbooks/site.yml --diff "$@"
+}
+
+echo; echo "==> site.yml, first run"
+run_site | tee "$logs/first.log"
+echo; echo "==> site.yml, second run (must change nothing)"
+run_site | tee "$logs/second.log"
+recap=$(grep -E '^cardshare-lab-host +:' "$logs/second.log" | tail -n 1)
+changed=$(echo "$recap" | sed -E 's/.*changed=([0-9]+).*/\1/')
+
+echo; echo "==> what the box is now (read on the lab host)"
+h() { docker exec cardshare-lab-host "$@"; }
+R=/srv/cardshare-sim
+echo "release:          $(h subscription-manager release --show)"
+echo "kernels:          $(h rpm -q kernel-core | tr '\n' ' ')"
+echo "running kernel:   $(h cat $R/proc/sys/kernel/osrelease) (SIMULATION: the lab's simulated boot)"
+echo "card 0000:03:00.0 driver: $(basename "$(h readlink $R/sys/bus/pci/devices/0000:03:00.0/driver)"), $(h sh -c "grep -h status: $R/sys/kernel/debug/dri/0/gt*/uc/*_info | tr -s '\t\n' '  '")"
+echo
+echo "second run: $recap"
+if [ "$changed" != 0 ]; then
+  echo "make demo: the second run changed $changed task(s); site.yml is not idempotent" >&2
+  exit 1
+fi
+echo "make demo: the box works, and a second run changed nothing."
+echo "(the lab host stays up: 'docker exec -it cardshare-lab-host bash'; 'make lab-down' removes it)"
