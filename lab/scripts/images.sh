@@ -31,7 +31,7 @@ recipe_hash() {
     vllm-standin|comfyui-standin|plex-standin)
       hash_of lab/standins "base=$(recipe_hash base)" "image=$1" ;;
     rhel10-sim)
-      hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service \
+      hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service tools/compose-binary.sh \
         "base=$(recipe_hash base)" "$(compose_pin)" ;;
     runtime) hash_of "${RUNTIME[@]/#/name=}" "$(for n in "${RUNTIME[@]}"; do recipe_hash "$n"; done)" ;;
     *) echo "images.sh: unknown image '$1'" >&2; exit 2 ;;
@@ -66,7 +66,7 @@ build_one() {
         ctx=$(mktemp -d)
         cp -a lab/images/rhel10-sim/. "$ctx/"
         mkdir -p "$ctx/.build"
-        cp "$(readlink -f .venv/bin/docker-compose)" "$ctx/.build/docker-compose"
+        cp "$(tools/compose-binary.sh)" "$ctx/.build/docker-compose"
         cp lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service "$ctx/.build/"
         docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
         rm -rf "$ctx" ;;
@@ -92,6 +92,6 @@ save_runtime() {
 }
 
 if [ "${1:-}" = "--tag" ]; then tag_of "$2"; exit 0; fi
-[ -x .venv/bin/docker-compose ] || tools/venv.sh
+[ -x .venv/bin/python ] || tools/venv.sh
 for n in base pybase vllm-standin comfyui-standin plex-standin rhel10-sim; do build_one "$n"; done
 save_runtime

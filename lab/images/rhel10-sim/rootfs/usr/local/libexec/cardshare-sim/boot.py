@@ -13,6 +13,7 @@ Runs once per (simulated) boot, before Docker starts.  It plays the part of the 
 Knobs: /etc/cardshare-sim/card.env (see lab/SIMULATION.md).
 """
 
+import grp
 import os
 import shutil
 import stat
@@ -114,12 +115,17 @@ def uc_info(kind, firmware, status):
     return "\n".join(lines) + "\n"
 
 
-def mknod(rel, minor):
+def mknod(rel, minor, group):
     path = os.path.join(ROOT, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.lexists(path):
         os.unlink(path)
     os.mknod(path, 0o660 | stat.S_IFCHR, os.makedev(226, minor))
+    os.chmod(path, 0o660)
+    try:  # owned by the group udev gives DRM nodes on a real host
+        os.chown(path, 0, grp.getgrnam(group).gr_gid)
+    except KeyError:
+        pass
 
 
 def main():
@@ -150,8 +156,8 @@ def main():
         os.symlink(f"../../drivers/{driver}", os.path.join(ROOT, dev, "driver"))
         for node in ("card0", "renderD128"):
             os.makedirs(os.path.join(ROOT, dev, "drm", node), exist_ok=True)
-        mknod("dev/dri/card0", 0)
-        mknod("dev/dri/renderD128", 128)
+        mknod("dev/dri/card0", 0, "video")
+        mknod("dev/dri/renderD128", 128, "render")
         os.makedirs(os.path.join(ROOT, "dev/dri/by-path"), exist_ok=True)
         os.symlink("../renderD128", os.path.join(ROOT, f"dev/dri/by-path/pci-{BDF}-render"))
         os.symlink("../card0", os.path.join(ROOT, f"dev/dri/by-path/pci-{BDF}-card"))
