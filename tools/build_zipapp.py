@@ -22,6 +22,7 @@ MODULES = (
     "__init__.py",
     "__main__.py",
     "cli.py",
+    "docker_api.py",
     "fdinfo.py",
     "naming.py",
     "procscan.py",

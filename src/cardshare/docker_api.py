@@ -159,12 +159,26 @@ class DockerClient:
             )
         return found[0]
 
-    def inspect(self, container_id: str) -> ContainerState:
+    def _inspect(self, container_id: str, missing_ok: bool) -> dict[str, Any] | None:
         path = f"/containers/{container_id}/json"
         status, body = self._request("GET", path)
+        if status == 404 and missing_ok:
+            return None
         if status != 200:
             raise self._fail("GET", path, status, body)
-        return parse_container_state(json.loads(body))
+        doc = json.loads(body)
+        if not isinstance(doc, dict):
+            raise DockerError(f"Docker Engine GET {path} answered a {type(doc).__name__}")
+        return doc
+
+    def inspect_document(self, container_id: str) -> dict[str, Any] | None:
+        """The engine's whole inspect document, or None when no such container exists."""
+        return self._inspect(container_id, missing_ok=True)
+
+    def inspect(self, container_id: str) -> ContainerState:
+        doc = self._inspect(container_id, missing_ok=False)
+        assert doc is not None  # missing_ok=False raises instead
+        return parse_container_state(doc)
 
     def start(self, container_id: str) -> bool:
         """Start; True when it was started, False when it was already running (304)."""

@@ -17,14 +17,14 @@ The default rule names every ``Plex Transcoder`` process ``plex``.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from cardshare.docker_api import DockerClient, DockerError
 
 __all__ = [
     "DEFAULT_RULES",
@@ -190,34 +190,8 @@ def name_from_inspect(doc: Mapping[str, object]) -> str | None:
     return None
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def _inspect_over_socket(socket_path: str, container_id: str, timeout: float) -> object | None:
-    conn = _UnixHTTPConnection(socket_path, timeout)
-    try:
-        conn.request("GET", f"/containers/{container_id}/json")
-        response = conn.getresponse()
-        body = response.read()
-        if response.status != 200:
-            return None
-        doc: object = json.loads(body)
-        return doc
-    finally:
-        conn.close()
+    return DockerClient(socket_path, timeout).inspect_document(container_id)
 
 
 class EngineApiResolver:
@@ -256,7 +230,7 @@ class EngineApiResolver:
         if path is not None:
             try:
                 doc = self._fetch(path, ref.id, self._timeout)
-            except (OSError, ValueError, http.client.HTTPException):
+            except (OSError, ValueError, DockerError):
                 doc = None
                 self.errors += 1
             if isinstance(doc, dict):

@@ -220,7 +220,8 @@ def test_resolver_without_socket_for_engine() -> None:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        if self.path == f"/containers/{CID}/json":
+        # the client speaks a versioned API path, as the Docker CLI does
+        if self.path == f"/v1.41/containers/{CID}/json":
             body = json.dumps(
                 {
                     "Name": "/img-comfyui-1",
