@@ -6,15 +6,22 @@ Only the recorder's modules are packed (``MODULES`` below); each is checked to i
 but the standard library and other packed modules, so the archive runs on a bare
 ``python3`` (3.11 or newer).  Entry point ``cardshare.cli:main``, shebang
 ``/usr/bin/env python3``.
+
+The archive is reproducible: members in name order with a fixed timestamp and modes, so the
+same sources give the same bytes (copying it to a host again reports no change).  Its
+``__main__.py`` exits with the status ``main()`` returns: the one ``zipapp`` would generate
+for ``main="pkg.mod:fn"`` drops it, so every failure would exit 0 and a failed scan would
+look like a success to systemd.
 """
 
 from __future__ import annotations
 
 import ast
-import shutil
+import io
+import os
 import sys
 import tempfile
-import zipapp
+import zipfile
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "cardshare"
@@ -35,6 +42,13 @@ PACKED = {"cardshare", "cardshare.recorder"} | {
     "cardshare." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     for m in MODULES
 }
+
+
+SHEBANG = b"#!/usr/bin/env python3\n"
+ENTRY = b"import sys\n\nfrom cardshare.cli import main\n\nsys.exit(main())\n"
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip member can carry
+FILE_ATTR = 0o100644 << 16
+UNIX = 3
 
 
 class BuildError(Exception):
@@ -60,26 +74,38 @@ def foreign_imports(source: str, filename: str) -> list[str]:
     return bad
 
 
+def archive(members: dict[str, bytes]) -> bytes:
+    """The zipapp's bytes: shebang, then the members in name order with fixed metadata."""
+    out = io.BytesIO()
+    out.write(SHEBANG)
+    with zipfile.ZipFile(out, "w") as zf:
+        for name in sorted(members):
+            info = zipfile.ZipInfo(name, date_time=FIXED_TIME)
+            info.create_system = UNIX
+            info.external_attr = FILE_ATTR
+            zf.writestr(info, members[name], compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    return out.getvalue()
+
+
 def build(output: Path, src: Path = SRC) -> Path:
-    """Write the archive to ``output`` and return it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        package = Path(tmp) / "cardshare"
-        for module in MODULES:
-            source_path = src / module
-            source = source_path.read_text(encoding="utf-8")
-            bad = foreign_imports(source, str(source_path))
-            if bad:
-                raise BuildError(f"{module} imports outside the standard library: {bad}")
-            target = package / module
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source_path, target)
-        zipapp.create_archive(
-            tmp,
-            target=output,
-            interpreter="/usr/bin/env python3",
-            main="cardshare.cli:main",
-            compressed=True,
-        )
+    """Write the archive to ``output`` atomically (mode 0755) and return it."""
+    members = {"__main__.py": ENTRY}
+    for module in MODULES:
+        source_path = src / module
+        source = source_path.read_text(encoding="utf-8")
+        bad = foreign_imports(source, str(source_path))
+        if bad:
+            raise BuildError(f"{module} imports outside the standard library: {bad}")
+        members[f"cardshare/{module}"] = source.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(archive(members))
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return output
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -271,3 +273,50 @@ def test_zipapp_rejects_foreign_imports(source: str, bad: list[str]) -> None:
     finally:
         sys.path.pop(0)
     assert build_zipapp.foreign_imports(source, "m.py") == bad
+
+
+def _builder() -> Any:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_zipapp
+    finally:
+        sys.path.pop(0)
+    return build_zipapp
+
+
+def test_zipapp_is_reproducible(tmp_path: Path) -> None:
+    builder = _builder()
+    first = builder.build(tmp_path / "a.pyz")
+    os.utime(ROOT / "src" / "cardshare" / "cli.py")  # a newer mtime must not matter
+    second = builder.build(tmp_path / "b.pyz")
+    assert first.read_bytes() == second.read_bytes()
+    assert first.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    assert stat.S_IMODE(first.stat().st_mode) == 0o755
+
+
+def test_zipapp_exits_with_mains_status(tmp_path: Path) -> None:
+    pyz = _builder().build(tmp_path / "cardshare.pyz")
+    # a month that cannot be parsed is a usage error (2); a missing data dir a runtime error (1)
+    usage = subprocess.run(
+        [sys.executable, str(pyz), "report", "--month", "not-a-month"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert usage.returncode == 2, usage
+    missing = subprocess.run(
+        [
+            sys.executable,
+            str(pyz),
+            "report",
+            "--month",
+            "2026-11",
+            "--data-dir",
+            str(tmp_path / "absent"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 1, missing
+    assert missing.stderr.strip()

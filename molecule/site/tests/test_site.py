@@ -1,0 +1,274 @@
+"""The whole box on the lab host: what its users see.
+
+Agents talk to the patient proxy with the OpenAI client; image jobs go to the arbiter;
+a Plex transcode vetoes the swap; the arbiter is killed with SIGKILL mid-swap and
+mid-job. Everything runs for real on the lab host (systemd, Docker, compose, HTTP); the
+card, the kernel and the vendor images are the lab's simulation (lab/SIMULATION.md).
+
+The tests run on the controller and reach the arbiter (8090) and the proxy (8080) over
+the lab host's address on the project's own bridge network. They run in file order: each
+builds on the box as the previous one left it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import subprocess
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import requests
+
+HOST = "cardshare-molecule-site"
+MODEL = "Qwen2.5-7B-Instruct"
+TOKEN_FILE = "/etc/cardshare/arbiter/token"
+WORKFLOW = json.loads((Path(__file__).parent.parent / "files" / "kontext_photo.json").read_text())
+OUTPUT_DIR = "/var/lib/cardshare/comfyui/output"
+
+
+def _png(width: int = 8, height: int = 8) -> bytes:
+    """A tiny valid PNG: the '3D render' the workflow turns into a photograph."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return len(data).to_bytes(4, "big") + kind + data + crc.to_bytes(4, "big")
+
+    raw = b"".join(b"\x00" + bytes([(x * 31 + y * 17) % 256 for x in range(width * 3)])
+                   for y in range(height))
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))
+
+
+RENDER = _png()
+
+
+@pytest.fixture(scope="module")
+def address() -> str:
+    out = subprocess.run(
+        ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", HOST],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    assert out, f"{HOST} has no address on a bridge network"
+    return out
+
+
+@pytest.fixture(scope="module")
+def arbiter(address: str) -> str:
+    return f"http://{address}:8090"
+
+
+@pytest.fixture(scope="module")
+def proxy(address: str) -> str:
+    return f"http://{address}:8080"
+
+
+@pytest.fixture(scope="module")
+def token(host: Any) -> str:
+    return host.file(TOKEN_FILE).content_string.strip()
+
+
+def status(arbiter: str) -> dict[str, Any]:
+    resp = requests.get(f"{arbiter}/v1/status", timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def wait_for(what: str, predicate: Any, timeout: float, step: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(step)
+
+
+def submit(arbiter: str, token: str) -> str:
+    body = {"workflow": WORKFLOW, "inputs": {"render.png": base64.b64encode(RENDER).decode()}}
+    resp = requests.post(
+        f"{arbiter}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["id"])
+
+
+def job(arbiter: str, job_id: str) -> dict[str, Any]:
+    resp = requests.get(f"{arbiter}/v1/jobs/{job_id}", timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def all_done(arbiter: str, ids: list[str]) -> bool:
+    states = [job(arbiter, i)["state"] for i in ids]
+    failed = [i for i, s in zip(ids, states, strict=True) if s in ("failed", "cancelled")]
+    assert not failed, f"jobs failed: {[job(arbiter, i) for i in failed]}"
+    return all(s == "done" for s in states)
+
+
+def lab(host: Any, command: str) -> str:
+    return str(host.check_output(command))
+
+
+def vllm_healthy(host: Any) -> bool:
+    return lab(host, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"") == "200"
+
+
+def comfyui_running(host: Any) -> bool:
+    out = lab(host, "docker ps --filter label=com.docker.compose.project=comfyui --format '{{.State}}'")
+    return out.strip() == "running"
+
+
+def transcode(host: Any, state: str) -> None:
+    # SIMULATION: the Plex stand-in's lab control switches a hardware transcode on or off
+    lab(host, "python3 -c \"import urllib.request as u; u.urlopen(u.Request("
+        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), timeout=5)\"")
+
+
+def kill_arbiter(host: Any) -> None:
+    """SIGKILL the arbiter's process (a crash: the restart policy brings it back)."""
+    pid = lab(host, "docker inspect -f '{{.State.Pid}}' arbiter-arbiter-1").strip()
+    lab(host, f"kill -9 {shlex.quote(pid)}")
+
+
+def outputs_on_disk(host: Any) -> list[str]:
+    out = lab(host, f"find {OUTPUT_DIR} -name 'cardshare*.png' -printf '%f\\n'")
+    return sorted(out.split())
+
+
+# --- the box after site.yml ----------------------------------------------------------
+
+
+def test_the_box_is_up_as_site_left_it(host: Any, arbiter: str) -> None:
+    assert vllm_healthy(host)
+    assert not comfyui_running(host), "ComfyUI must be created and left stopped"
+    assert lab(host, "docker ps -a --filter label=com.docker.compose.project=comfyui -q")
+    assert host.service("cardshare-recorder.timer").is_running
+    st = status(arbiter)
+    assert st["mode"] == "llm"
+    assert st["queue_length"] == 0
+
+
+def test_openai_client_through_the_proxy(proxy: str) -> None:
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=60)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=8,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 2 and text
+
+
+# --- a Plex transcode on the card vetoes the swap --------------------------------------
+
+
+def test_a_plex_transcode_vetoes_the_swap_until_it_ends(host: Any, arbiter: str, token: str) -> None:
+    transcode(host, "on")
+    try:
+        first = submit(arbiter, token)
+        # idle_seconds (5) and a fresh card scan pass; the arbiter must still refuse
+        def vetoed() -> bool:
+            st = status(arbiter)
+            return st["mode"] == "llm" and any("plex" in r for r in st["decision"]["reasons"])
+
+        wait_for("the arbiter to name the Plex transcode as its reason to wait", vetoed, 60)
+        time.sleep(8)
+        st = status(arbiter)
+        assert st["mode"] == "llm" and job(arbiter, first)["state"] == "queued", st
+    finally:
+        transcode(host, "off")
+    wait_for("the queued job to be done once the transcode ended", lambda: all_done(arbiter, [first]), 180)
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+    assert vllm_healthy(host)
+
+
+# --- three jobs while agents speak during the swap ---------------------------------------
+
+
+def test_three_jobs_while_agents_speak_during_the_swap(host: Any, arbiter: str, proxy: str, token: str) -> None:
+    before = outputs_on_disk(host)
+    ids = [submit(arbiter, token) for _ in range(3)]
+    wait_for("the swap to begin", lambda: status(arbiter)["mode"] != "llm", 60, step=0.2)
+
+    # agents speak while the card is lent out: every one is held, then answered
+    answers: list[tuple[int, float]] = []
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=300, max_retries=0)
+
+    def agent() -> None:
+        started = time.monotonic()
+        reply = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "status?"}], max_tokens=4
+        )
+        answers.append((reply.http_response.status_code, time.monotonic() - started))
+
+    threads = [threading.Thread(target=agent) for _ in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.5)
+    for t in threads:
+        t.join(timeout=300)
+    assert [code for code, _ in answers] == [200] * 4, answers
+
+    wait_for("the three jobs to be done", lambda: all_done(arbiter, ids), 300)
+    for i in ids:
+        doc = job(arbiter, i)
+        assert doc["outputs"], doc
+        png = requests.get(f"{arbiter}{doc['outputs'][0]}", timeout=10)
+        assert png.status_code == 200 and png.content.startswith(b"\x89PNG\r\n\x1a\n")
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+    assert vllm_healthy(host)
+    assert not comfyui_running(host)
+    # each job made exactly one photograph
+    assert len(outputs_on_disk(host)) == len(before) + 3
+
+    swaps = status(arbiter)["swaps"]
+    assert swaps, "the arbiter recorded no swap"
+    last = swaps[0]
+    assert last["phases"], last
+
+
+# --- the arbiter killed mid-swap and mid-job ---------------------------------------------
+
+
+def test_the_arbiter_killed_mid_swap_and_mid_job_loses_nothing(host: Any, arbiter: str, token: str) -> None:
+    before = outputs_on_disk(host)
+    ids = [submit(arbiter, token) for _ in range(2)]
+
+    wait_for("the swap to begin", lambda: status(arbiter)["mode"] == "swapping", 60, step=0.2)
+    kill_arbiter(host)
+    wait_for("the arbiter to come back", lambda: _answers(arbiter), 60)
+
+    wait_for("a job to be running", lambda: any(job(arbiter, i)["state"] == "running" for i in ids), 120, step=0.2)
+    kill_arbiter(host)
+    wait_for("the arbiter to come back", lambda: _answers(arbiter), 60)
+
+    wait_for("both jobs to be done", lambda: all_done(arbiter, ids), 300)
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+    assert vllm_healthy(host)
+    # none lost, none run twice to completion
+    assert len(outputs_on_disk(host)) == len(before) + 2
+
+
+def _answers(arbiter: str) -> bool:
+    try:
+        return requests.get(f"{arbiter}/v1/mode", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
