@@ -16,6 +16,8 @@ lab/scripts/images.sh
 lab/scripts/host.sh up
 
 logs=.cache/demo; mkdir -p "$logs"
+echo; echo "==> the one step a user does by hand: download the image model (SIMULATION: placeholders)"
+ansible-playbook -i inventories/lab lab/playbooks/comfyui-models.yml >"$logs/models.log"
 run_site() {
   ANSIBLE_STDOUT_CALLBACK=default ansible-playbook -i inventories/lab playbooks/site.yml --diff "$@"
 }
@@ -34,6 +36,10 @@ echo "release:          $(h subscription-manager release --show)"
 echo "kernels:          $(h rpm -q kernel-core | tr '\n' ' ')"
 echo "running kernel:   $(h cat $R/proc/sys/kernel/osrelease) (SIMULATION: the lab's simulated boot)"
 echo "card 0000:03:00.0 driver: $(basename "$(h readlink $R/sys/bus/pci/devices/0000:03:00.0/driver)"), $(h sh -c "grep -h status: $R/sys/kernel/debug/dri/0/gt*/uc/*_info | tr -s '\t\n' '  '")"
+echo; echo "==> the box at work"
+docker cp roles/arbiter/files/examples/flux_kontext_photo.json cardshare-lab-host:/tmp/cardshare-tour-workflow.json
+docker exec -i cardshare-lab-host python3 - < lab/scripts/tour.py
+
 echo
 echo "second run: $recap"
 if [ "$changed" != 0 ]; then

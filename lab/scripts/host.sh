@@ -9,7 +9,13 @@ NAME=${CARDSHARE_LAB_HOST:-cardshare-lab-host}
 VOLUME="cardshare-lab-$NAME-docker"
 
 up() {
-  if [ "$(docker inspect -f '{{.State.Running}}' "$NAME" 2>/dev/null)" = true ]; then
+  local want have
+  want=$(docker image inspect -f '{{.Id}}' cardshare-lab/rhel10-sim:current)
+  have=$(docker inspect -f '{{.Image}}' "$NAME" 2>/dev/null || true)
+  if [ -n "$have" ] && [ "$have" != "$want" ]; then
+    echo "lab host: $NAME runs an older lab image; recreating it"
+    down
+  elif [ "$(docker inspect -f '{{.State.Running}}' "$NAME" 2>/dev/null)" = true ]; then
     echo "lab host: $NAME is running"; return 0
   fi
   docker rm -f "$NAME" >/dev/null 2>&1 || true

@@ -29,7 +29,9 @@ import requests
 HOST = "cardshare-molecule-site"
 MODEL = "Qwen2.5-7B-Instruct"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
-WORKFLOW = json.loads((Path(__file__).parent.parent / "files" / "kontext_photo.json").read_text())
+WORKFLOW = json.loads(
+    (Path(__file__).parents[3] / "roles/arbiter/files/examples/flux_kontext_photo.json").read_text()
+)
 OUTPUT_DIR = "/var/lib/cardshare/comfyui/output"
 
 

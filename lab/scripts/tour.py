@@ -1,0 +1,90 @@
+"""The end of `make demo`: show, on the lab host, that the box works.
+
+Runs on the lab host (python3, standard library only; `docker exec -i HOST python3 - <
+lab/scripts/tour.py`). Prints what each service answers and exits non-zero when one does
+not: vLLM's computed flags in the engine's view, a completion through the patient proxy,
+an image job traded through the arbiter (vLLM stopped, ComfyUI started, the photo made,
+the card handed back), and who the recorder saw on the card.
+"""
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+
+ARBITER = "http://127.0.0.1:8090"
+PROXY = "http://127.0.0.1:8080"
+TOKEN = open("/etc/cardshare/arbiter/token").read().strip()
+
+
+def call(method, url, body=None, token=False, timeout=120):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + TOKEN
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw[:1] in (b"{", b"[") else raw
+
+
+def png():
+    def chunk(kind, data):
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    raw = b"".join(b"\x00" + bytes((x * 7 + y) % 256 for x in range(24)) for y in range(8))
+    head = (8).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def main():
+    args = json.loads(subprocess.check_output(["docker", "inspect", "-f", "{{json .Args}}", "vllm-vllm-1"]))
+    mem = subprocess.check_output(["docker", "inspect", "-f", "{{.HostConfig.Memory}}", "vllm-vllm-1"]).decode().strip()
+    flags = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a in (
+        "--gpu-memory-utilization", "--max-model-len", "--hf-overrides", "--tool-call-parser")}
+    print("vLLM, as the engine runs it:")
+    for k, v in flags.items():
+        print(f"  {k} {v}")
+    print(f"  memory cap {int(mem) / 2**30:g} GiB")
+
+    model = call("GET", f"{PROXY}/v1/models")["data"][0]["id"]
+    reply = call("POST", f"{PROXY}/v1/chat/completions",
+                 {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6})
+    print(f"a completion through the patient proxy: {reply['choices'][0]['message']['content']!r}")
+
+    with open("/tmp/cardshare-tour-workflow.json") as fh:
+        workflow = json.load(fh)
+    job = call("POST", f"{ARBITER}/v1/jobs",
+               {"workflow": workflow, "inputs": {"render.png": base64.b64encode(png()).decode()}}, token=True)
+    print(f"an image job queued: {job['id']}; the arbiter swaps when vLLM has been idle")
+    seen, deadline = [], time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = call("GET", f"{ARBITER}/v1/status")
+        state = call("GET", f"{ARBITER}/v1/jobs/{job['id']}")["state"]
+        step = f"{st['mode']}/{st['phase']} job {state}"
+        if not seen or seen[-1] != step:
+            seen.append(step)
+            print(f"  {step}")
+        if state in ("done", "failed") and st["mode"] == "llm":
+            break
+        time.sleep(0.5)
+    doc = call("GET", f"{ARBITER}/v1/jobs/{job['id']}")
+    if doc["state"] != "done":
+        sys.exit(f"the image job did not finish: {doc}")
+    photo = call("GET", ARBITER + doc["outputs"][0])
+    swap = call("GET", f"{ARBITER}/v1/status")["swaps"][:2]
+    print(f"the photo: {len(photo)} bytes of PNG; the card is back with vLLM")
+    for s in reversed(swap):
+        phases = ", ".join(f"{p['phase']} {p['seconds']:.1f}s" for p in s["phases"])
+        print(f"  swap {s['direction']}: {s['total_seconds']:.1f}s ({phases})")
+
+    out = subprocess.check_output(["cardshare", "clients", "--data-dir", "/var/lib/cardshare/recorder"]).decode()
+    print("who the recorder saw on the card at its last scan:")
+    print("  " + out.strip().replace("\n", "\n  "))
+
+
+if __name__ == "__main__":
+    main()
