@@ -17,7 +17,8 @@ import zlib
 
 ARBITER = "http://127.0.0.1:8090"
 PROXY = "http://127.0.0.1:8080"
-TOKEN = open("/etc/cardshare/arbiter/token").read().strip()
+with open("/etc/cardshare/arbiter/token", encoding="utf-8") as _fh:
+    TOKEN = _fh.read().strip()
 
 
 def call(method, url, body=None, token=False, timeout=120):
@@ -33,32 +34,58 @@ def call(method, url, body=None, token=False, timeout=120):
 
 def png():
     def chunk(kind, data):
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+        return (
+            len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+        )
 
     raw = b"".join(b"\x00" + bytes((x * 7 + y) % 256 for x in range(24)) for y in range(8))
     head = (8).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", head)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def main():
-    args = json.loads(subprocess.check_output(["docker", "inspect", "-f", "{{json .Args}}", "vllm-vllm-1"]))
-    mem = subprocess.check_output(["docker", "inspect", "-f", "{{.HostConfig.Memory}}", "vllm-vllm-1"]).decode().strip()
-    flags = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a in (
-        "--gpu-memory-utilization", "--max-model-len", "--hf-overrides", "--tool-call-parser")}
+    args = json.loads(
+        subprocess.check_output(["docker", "inspect", "-f", "{{json .Args}}", "vllm-vllm-1"])
+    )
+    mem = (
+        subprocess.check_output(
+            ["docker", "inspect", "-f", "{{.HostConfig.Memory}}", "vllm-vllm-1"]
+        )
+        .decode()
+        .strip()
+    )
+    flags = {
+        a: args[i + 1]
+        for i, a in enumerate(args[:-1])
+        if a
+        in ("--gpu-memory-utilization", "--max-model-len", "--hf-overrides", "--tool-call-parser")
+    }
     print("vLLM, as the engine runs it:")
     for k, v in flags.items():
         print(f"  {k} {v}")
     print(f"  memory cap {int(mem) / 2**30:g} GiB")
 
     model = call("GET", f"{PROXY}/v1/models")["data"][0]["id"]
-    reply = call("POST", f"{PROXY}/v1/chat/completions",
-                 {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6})
+    reply = call(
+        "POST",
+        f"{PROXY}/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6},
+    )
     print(f"a completion through the patient proxy: {reply['choices'][0]['message']['content']!r}")
 
     with open("/tmp/cardshare-tour-workflow.json") as fh:
         workflow = json.load(fh)
-    job = call("POST", f"{ARBITER}/v1/jobs",
-               {"workflow": workflow, "inputs": {"render.png": base64.b64encode(png()).decode()}}, token=True)
+    job = call(
+        "POST",
+        f"{ARBITER}/v1/jobs",
+        {"workflow": workflow, "inputs": {"render.png": base64.b64encode(png()).decode()}},
+        token=True,
+    )
     print(f"an image job queued: {job['id']}; the arbiter swaps when vLLM has been idle")
     seen, deadline = [], time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -81,7 +108,9 @@ def main():
         phases = ", ".join(f"{p['phase']} {p['seconds']:.1f}s" for p in s["phases"])
         print(f"  swap {s['direction']}: {s['total_seconds']:.1f}s ({phases})")
 
-    out = subprocess.check_output(["cardshare", "clients", "--data-dir", "/var/lib/cardshare/recorder"]).decode()
+    out = subprocess.check_output(
+        ["cardshare", "clients", "--data-dir", "/var/lib/cardshare/recorder"]
+    ).decode()
     print("who the recorder saw on the card at its last scan:")
     print("  " + out.strip().replace("\n", "\n  "))
 

@@ -13,6 +13,7 @@ Runs once per (simulated) boot, before Docker starts.  It plays the part of the 
 Knobs: /etc/cardshare-sim/card.env (see lab/SIMULATION.md).
 """
 
+import contextlib
 import grp
 import os
 import shutil
@@ -122,10 +123,8 @@ def mknod(rel, minor, group):
         os.unlink(path)
     os.mknod(path, 0o660 | stat.S_IFCHR, os.makedev(226, minor))
     os.chmod(path, 0o660)
-    try:  # owned by the group udev gives DRM nodes on a real host
+    with contextlib.suppress(KeyError):  # owned by the group udev gives DRM nodes on a real host
         os.chown(path, 0, grp.getgrnam(group).gr_gid)
-    except KeyError:
-        pass
 
 
 def main():
