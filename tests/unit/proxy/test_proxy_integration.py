@@ -89,7 +89,9 @@ def held_count(stand: Any, n: int) -> Callable[[], bool]:
     return lambda: len(stand.proxy.queue) == n
 
 
-async def test_released_in_arrival_order(make_stand: StandFactory) -> None:
+async def test_all_held_requests_are_forwarded_on_release(make_stand: StandFactory) -> None:
+    # release is oldest first (test_proxy_state); once released the requests travel on
+    # concurrent upstream connections, so the upstream may see them in any order
     stand = await make_stand()
     await stand.set_mode("swapping")
     tasks = []
@@ -101,7 +103,7 @@ async def test_released_in_arrival_order(make_stand: StandFactory) -> None:
     await stand.set_mode("llm")
     results = await asyncio.gather(*tasks)
     assert [r[0] for r in results] == [200] * 5
-    assert [s["body"]["n"] for s in stand.upstream.seen] == [0, 1, 2, 3, 4]
+    assert sorted(s["body"]["n"] for s in stand.upstream.seen) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("mode", ["image", "swapping"])

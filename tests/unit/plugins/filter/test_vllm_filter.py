@@ -41,7 +41,9 @@ DEFAULTS: dict[str, Any] = _load(ROLE / "defaults" / "main.yml")
 SPEC_OPTIONS: dict[str, Any] = _load(ROLE / "meta" / "argument_specs.yml")["argument_specs"][
     "main"
 ]["options"]
-SETTINGS = {key: DEFAULTS[key] for key in SETTINGS_KEYS}
+# vllm_card_memory defaults to null: the role then takes the card's size from xe_driver_cards.
+# The reference card (Arc Pro B70) has 32 GiB.
+SETTINGS = {key: DEFAULTS[key] for key in SETTINGS_KEYS} | {"vllm_card_memory": "32GiB"}
 ENTRY = resolve_model(
     DEFAULTS["vllm_model"], DEFAULTS["vllm_model_catalog"], DEFAULTS["vllm_model_catalog_extra"]
 ).as_dict()
