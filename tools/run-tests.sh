@@ -41,7 +41,7 @@ step "lab images"; lab/scripts/images.sh || fail images
 
 step "molecule"
 export MOLECULE_GLOB='molecule/*/molecule.yml'
-scenarios=${SCENARIOS:-$(ls -d molecule/*/ | xargs -n1 basename)}
+scenarios=${SCENARIOS:-$(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)}
 for s in $scenarios; do
   step "molecule test -s $s"
   molecule test -s "$s" || fail "molecule scenario $s"
