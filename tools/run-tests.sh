@@ -41,9 +41,31 @@ step "lab images"; lab/scripts/images.sh || fail images
 
 step "molecule"
 export MOLECULE_GLOB='molecule/*/molecule.yml'
-scenarios=${SCENARIOS:-$(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)}
-for s in $scenarios; do
-  step "molecule test -s $s"
-  molecule test -s "$s" || fail "molecule scenario $s"
+# Scenarios run side by side (each has its own lab host), longest first; most of their
+# time is spent waiting on boots, health checks and the arbiter's timers, not on the CPU.
+jobs=${MOLECULE_JOBS:-3}
+order="site arbiter recorder negative vllm_negative comfyui_negative vllm comfyui plex docker_engine xe_driver kernel_release"
+all=$(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)
+if [ -n "${SCENARIOS:-}" ]; then
+  scenarios=$SCENARIOS
+else
+  scenarios=$(for s in $order; do echo "$all" | grep -qx "$s" && echo "$s"; done
+              for s in $all; do echo " $order " | grep -q " $s " || echo "$s"; done)
+fi
+logs=.cache/molecule-logs; rm -rf "$logs"; mkdir -p "$logs"
+echo "molecule: $(echo $scenarios | wc -w) scenarios, $jobs at a time; logs in $logs/"
+printf '%s\n' $scenarios | xargs -P "$jobs" -I{} bash -c '
+  start=$(date +%s)
+  if molecule test -s "$1" >"'"$logs"'/$1.log" 2>&1; then r=PASS; else r=FAIL; fi
+  echo "$r $1 $(( $(date +%s) - start ))s" | tee -a "'"$logs"'/summary"
+' _ {}
+failed=$(awk '$1 == "FAIL" {print $2}' "$logs/summary")
+for s in $failed; do
+  echo; echo "==> molecule scenario $s failed; the end of its log:"
+  sed 's/\x1b\[[0-9;]*m//g' "$logs/$s.log" | tail -n 200
 done
+passed=$(grep -c '^PASS' "$logs/summary" || true)
+nfailed=$(grep -c '^FAIL' "$logs/summary" || true)
+echo; echo "molecule: $passed passed, $nfailed failed"
+[ "$nfailed" = 0 ] || fail "molecule scenario(s): $failed"
 echo; echo "make test: all passed"

@@ -127,7 +127,7 @@ def test_arbiter_mounts(host):
     assert mounts["/etc/cardshare/arbiter.json"] == ("/opt/cardshare/arbiter/arbiter.json", False)
     # SIMULATION: the lab's card root, read-only at the same path (no pid: host in the lab)
     assert mounts["/srv/cardshare-sim"] == ("/srv/cardshare-sim", False)
-    assert mounts["/srv/cardshare-recorder"] == ("/var/lib/cardshare", False)
+    assert mounts["/srv/cardshare-recorder"] == ("/var/lib/cardshare/recorder", False)
     assert doc["HostConfig"]["PidMode"] == ""
 
 
