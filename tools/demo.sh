@@ -37,7 +37,7 @@ echo "kernels:          $(h rpm -q kernel-core | tr '\n' ' ')"
 echo "running kernel:   $(h cat $R/proc/sys/kernel/osrelease) (SIMULATION: the lab's simulated boot)"
 echo "card 0000:03:00.0 driver: $(basename "$(h readlink $R/sys/bus/pci/devices/0000:03:00.0/driver)"), $(h sh -c "grep -h status: $R/sys/kernel/debug/dri/0/gt*/uc/*_info | tr -s '\t\n' '  '")"
 echo; echo "==> the box at work"
-docker cp roles/arbiter/files/examples/flux_kontext_photo.json cardshare-lab-host:/tmp/cardshare-tour-workflow.json
+docker cp roles/arbiter/files/examples/flux_kontext_photo.json cardshare-lab-host:/var/tmp/cardshare-tour-workflow.json
 docker exec -i cardshare-lab-host python3 - < lab/scripts/tour.py
 
 echo

@@ -78,7 +78,7 @@ def main():
     )
     print(f"a completion through the patient proxy: {reply['choices'][0]['message']['content']!r}")
 
-    with open("/tmp/cardshare-tour-workflow.json") as fh:
+    with open("/var/tmp/cardshare-tour-workflow.json") as fh:
         workflow = json.load(fh)
     job = call(
         "POST",
