@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing as mp
 import os
 import platform
@@ -124,6 +125,8 @@ def run_upstream(port: int, shape: Shape) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/mode", mode)
+    # a cell's end cuts streams mid-answer; the upstream's tracebacks about it are noise here
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=1024)
 
 
