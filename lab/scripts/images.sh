@@ -73,6 +73,10 @@ build_one() {
     esac
   fi
   docker tag "$tag" "cardshare-lab/$name:current"
+  # drop the images of older recipes of this name (only this project's own tags)
+  docker image ls "cardshare-lab/$name" --format '{{.Repository}}:{{.Tag}}' \
+    | grep -vxF -e "$tag" -e "cardshare-lab/$name:current" \
+    | xargs -r docker rmi >/dev/null 2>&1 || true
 }
 
 save_runtime() {
