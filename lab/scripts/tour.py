@@ -90,7 +90,7 @@ def main():
     seen, deadline = [], time.monotonic() + 300
     while time.monotonic() < deadline:
         st = call("GET", f"{ARBITER}/v1/status")
-        state = call("GET", f"{ARBITER}/v1/jobs/{job['id']}")["state"]
+        state = call("GET", f"{ARBITER}/v1/jobs/{job['id']}", token=True)["state"]
         step = f"{st['mode']}/{st['phase']} job {state}"
         if not seen or seen[-1] != step:
             seen.append(step)
@@ -98,10 +98,10 @@ def main():
         if state in ("done", "failed") and st["mode"] == "llm":
             break
         time.sleep(0.5)
-    doc = call("GET", f"{ARBITER}/v1/jobs/{job['id']}")
+    doc = call("GET", f"{ARBITER}/v1/jobs/{job['id']}", token=True)
     if doc["state"] != "done":
         sys.exit(f"the image job did not finish: {doc}")
-    photo = call("GET", ARBITER + doc["outputs"][0])
+    photo = call("GET", ARBITER + doc["outputs"][0], token=True)
     swap = call("GET", f"{ARBITER}/v1/status")["swaps"][:2]
     print(f"the photo: {len(photo)} bytes of PNG; the card is back with vLLM")
     for s in reversed(swap):

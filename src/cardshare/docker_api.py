@@ -47,6 +47,7 @@ class ContainerState:
     exit_code: int
     health: str  # none | starting | healthy | unhealthy
     error: str
+    started_at: str = ""  # State.StartedAt: a restart is proven by a new value
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -78,6 +79,7 @@ def parse_container_state(data: dict[str, Any]) -> ContainerState:
         exit_code=int(state.get("ExitCode", 0) or 0),
         health=str(health.get("Status", "none")) if health else "none",
         error=str(state.get("Error", "") or ""),
+        started_at=str(state.get("StartedAt", "") or ""),
     )
 
 
@@ -116,9 +118,11 @@ class DockerClient:
             conn.request(method, url, headers={"Host": "docker"})
             resp = conn.getresponse()
             return resp.status, resp.read()
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            # refused, reset, timed out (a hang), or an answer that is not HTTP (garbage)
             raise DockerError(
-                f"Docker Engine at {self.socket_path} did not answer {method} {path}: {exc}"
+                f"Docker Engine at {self.socket_path} did not answer {method} {path}: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
             conn.close()
@@ -145,7 +149,7 @@ class DockerClient:
                 state=str(item.get("State", "")),
                 labels={str(k): str(v) for k, v in (item.get("Labels") or {}).items()},
             )
-            for item in json.loads(body)
+            for item in _json_list(body, f"GET {path}")
         ]
 
     def find_compose_container(self, project: str, service: str) -> ContainerSummary:
@@ -166,7 +170,10 @@ class DockerClient:
             return None
         if status != 200:
             raise self._fail("GET", path, status, body)
-        doc = json.loads(body)
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise DockerError(f"Docker Engine GET {path} answered no JSON: {body[:100]!r}") from exc
         if not isinstance(doc, dict):
             raise DockerError(f"Docker Engine GET {path} answered a {type(doc).__name__}")
         return doc
@@ -202,6 +209,15 @@ class DockerClient:
             return False
         raise self._fail("POST", path, status, body)
 
+    def restart(self, container_id: str, timeout_seconds: int) -> None:
+        """Stop (SIGTERM, SIGKILL after the timeout) and start again, running or not."""
+        path = f"/containers/{container_id}/restart"
+        status, body = self._request(
+            "POST", path, {"t": str(timeout_seconds)}, timeout=self.timeout + timeout_seconds
+        )
+        if status != 204:
+            raise self._fail("POST", path, status, body)
+
     def logs_tail(self, container_id: str, lines: int = 50) -> str:
         path = f"/containers/{container_id}/logs"
         status, body = self._request(
@@ -210,3 +226,14 @@ class DockerClient:
         if status != 200:
             raise self._fail("GET", path, status, body)
         return demux_logs(body)
+
+
+def _json_list(body: bytes, what: str) -> list[dict[str, Any]]:
+    """A JSON list of objects, or a DockerError naming the call (never a bare ValueError)."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise DockerError(f"Docker Engine {what} answered no JSON: {body[:100]!r}") from exc
+    if not isinstance(doc, list) or not all(isinstance(item, dict) for item in doc):
+        raise DockerError(f"Docker Engine {what} answered no list of objects: {body[:100]!r}")
+    return doc

@@ -201,14 +201,15 @@ def test_one_image_job_end_to_end(host):
     job_id = json.loads(answer["body"])["id"]
 
     def job():
-        doc = json.loads(http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}")["body"])
+        doc = json.loads(http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}", token=True)["body"])
         return doc if doc["state"] in ("done", "failed") else None
 
     final = wait_for(job, timeout=180, step=2)
     assert final, http(host, "GET", f"{ARBITER}/v1/status")["body"]
     assert final["state"] == "done", final
 
-    png = http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}/outputs/0")
+    assert http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}/outputs/0")["status"] == 401
+    png = http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}/outputs/0", token=True)
     assert png["status"] == 200
     assert png["headers"]["Content-Type"] == "image/png"
     assert png["body"].startswith("base64:iVBORw0KGgo")  # the PNG signature

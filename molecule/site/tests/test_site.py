@@ -72,9 +72,20 @@ def proxy(address: str) -> str:
     return f"http://{address}:8080"
 
 
+_AUTH: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def token(host: Any) -> str:
-    return host.file(TOKEN_FILE).content_string.strip()
+    value = str(host.file(TOKEN_FILE).content_string.strip())
+    _AUTH["Authorization"] = f"Bearer {value}"
+    return value
+
+
+def auth() -> dict[str, str]:
+    """The bearer token header (job details and outputs need it): set by ``token``."""
+    assert _AUTH, "use the token fixture in a test that reads jobs"
+    return dict(_AUTH)
 
 
 def status(arbiter: str) -> dict[str, Any]:
@@ -104,7 +115,7 @@ def submit(arbiter: str, token: str) -> str:
 
 
 def job(arbiter: str, job_id: str) -> dict[str, Any]:
-    resp = requests.get(f"{arbiter}/v1/jobs/{job_id}", timeout=10)
+    resp = requests.get(f"{arbiter}/v1/jobs/{job_id}", headers=auth(), timeout=10)
     resp.raise_for_status()
     return resp.json()
 
@@ -142,8 +153,13 @@ def kill_arbiter(host: Any) -> None:
 
 
 def outputs_on_disk(host: Any) -> list[str]:
-    out = lab(host, f"find {OUTPUT_DIR} -name 'cardshare*.png' -printf '%f\\n'")
+    """ComfyUI's saved files of the arbiter's jobs: cardshare/<job id>/s<k>_<counter>_.png."""
+    out = lab(host, f"find {OUTPUT_DIR} -path '*/cardshare/*' -name '*.png' -printf '%P\\n'")
     return sorted(out.split())
+
+
+def files_of(host: Any, job_id: str) -> list[str]:
+    return [p for p in outputs_on_disk(host) if p.startswith(f"cardshare/{job_id}/")]
 
 
 # --- the box after site.yml ----------------------------------------------------------
@@ -233,13 +249,14 @@ def test_three_jobs_while_agents_speak_during_the_swap(host: Any, arbiter: str, 
     for i in ids:
         doc = job(arbiter, i)
         assert doc["outputs"], doc
-        png = requests.get(f"{arbiter}{doc['outputs'][0]}", timeout=10)
+        png = requests.get(f"{arbiter}{doc['outputs'][0]}", headers=auth(), timeout=10)
         assert png.status_code == 200 and png.content.startswith(b"\x89PNG\r\n\x1a\n")
     wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
     assert vllm_healthy(host)
     assert not comfyui_running(host)
-    # each job made exactly one photograph
+    # each job made exactly one photograph, under its own prefix
     assert len(outputs_on_disk(host)) == len(before) + 3
+    assert [len(files_of(host, i)) for i in ids] == [1, 1, 1]
 
     swaps = status(arbiter)["swaps"]
     assert swaps, "the arbiter recorded no swap"
@@ -267,6 +284,7 @@ def test_the_arbiter_killed_mid_swap_and_mid_job_loses_nothing(host: Any, arbite
     assert vllm_healthy(host)
     # none lost, none run twice to completion
     assert len(outputs_on_disk(host)) == len(before) + 2
+    assert [len(files_of(host, i)) for i in ids] == [1, 1]
 
 
 def _answers(arbiter: str) -> bool:
@@ -274,3 +292,61 @@ def _answers(arbiter: str) -> bool:
         return requests.get(f"{arbiter}/v1/mode", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+# --- faults, live: one case per defect class of the arbiter under faults ------------------
+
+
+def comfyui_started_at(host: Any) -> str:
+    return lab(host, "docker inspect -f '{{.State.StartedAt}}' comfyui-comfyui-1").strip()
+
+
+def test_comfyui_killed_mid_job_is_restarted_and_the_job_runs_once(
+    host: Any, arbiter: str, token: str
+) -> None:
+    """ComfyUI dies under a job (its in-memory history with it): the arbiter restarts it,
+    raises image_crashed, and the job ends done with exactly one photograph."""
+    (job_id,) = [submit(arbiter, token)]
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    started = comfyui_started_at(host)
+    lab(host, "docker kill comfyui-comfyui-1")
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    assert len(files_of(host, job_id)) == 1
+    faults = requests.get(f"{arbiter}/v1/status", timeout=10).json()["engine"]["faults"]
+    assert faults.get("image_crashed", 0) >= 1, faults
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+    assert not comfyui_running(host)
+    assert comfyui_started_at(host) != started
+
+
+def test_a_running_job_is_cancelled_and_its_prompt_interrupted(
+    host: Any, arbiter: str, token: str
+) -> None:
+    first, second = submit(arbiter, token), submit(arbiter, token)
+    wait_for("the first job to run", lambda: job(arbiter, first)["state"] == "running", 120, step=0.1)
+    resp = requests.delete(f"{arbiter}/v1/jobs/{first}", headers=auth(), timeout=10)
+    assert resp.status_code in (202, 409), resp.text  # 409: it finished in between
+    wait_for("the second job to be done", lambda: all_done(arbiter, [second]), 300)
+    doc = job(arbiter, first)
+    # a prompt that finished between the request and the interrupt ends done: both are true
+    assert doc["state"] in ("cancelled", "done"), doc
+    if doc["state"] == "cancelled":
+        assert resp.status_code == 202
+        assert doc["reason"] == "cancelled by request while running"
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+
+
+def test_job_details_need_the_token_and_health_follows_the_engine(
+    host: Any, arbiter: str, token: str
+) -> None:
+    job_id = submit(arbiter, token)
+    assert requests.get(f"{arbiter}/v1/jobs/{job_id}", timeout=10).status_code == 401
+    public = requests.get(f"{arbiter}/v1/status", timeout=10).json()
+    assert public["current_job"] is None
+    health = requests.get(f"{arbiter}/v1/health", timeout=10)
+    assert health.status_code == 200 and health.json()["healthy"] is True
+    assert lab(host, "docker inspect -f '{{.State.Health.Status}}' arbiter-arbiter-1").strip() == (
+        "healthy"
+    )
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)

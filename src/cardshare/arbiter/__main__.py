@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from cardshare.arbiter.cardview import RecorderFileSource
 from cardshare.arbiter.config import Config, ConfigError, load_config
 from cardshare.arbiter.edges import DockerContainers, HttpComfy, HttpLlm, HttpProxy
 from cardshare.arbiter.engine import Engine
-from cardshare.arbiter.store import Store
+from cardshare.arbiter.store import Store, StoreError
 from cardshare.docker_api import DockerClient
 
 DB_NAME = "arbiter.sqlite3"
@@ -26,12 +28,20 @@ DB_NAME = "arbiter.sqlite3"
 
 def read_token(config: Config) -> str:
     try:
-        token = config.token_file.read_text(encoding="utf-8").strip()
+        with open(config.token_file, encoding="utf-8") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            token = fh.read().strip()
     except OSError as exc:
         raise ConfigError(
             f"config key 'token_file' has value {str(config.token_file)!r}: cannot read it "
             f"({exc.strerror}); create it with a random token, mode 0600"
         ) from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"config key 'token_file' has value {str(config.token_file)!r}: the file has mode "
+            f"{stat.S_IMODE(mode):04o}, readable by others than its owner; "
+            f"chmod 600 {config.token_file}"
+        )
     if len(token) < 16:
         raise ConfigError(
             f"config key 'token_file' has value {str(config.token_file)!r}: the token is "
@@ -40,7 +50,9 @@ def read_token(config: Config) -> str:
     return token
 
 
-async def serve(config: Config, token: str) -> None:
+async def serve(config: Config, token: str) -> int:
+    """Run until SIGTERM/SIGINT (0), or until the engine's loop ends by itself (1: the
+    container restarts and resumes from the database)."""
     store = Store(config.data_dir / DB_NAME)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -69,12 +81,25 @@ async def serve(config: Config, token: str) -> None:
             "listening on %s:%d in mode %s", config.listen_host, config.listen_port, engine.mode
         )
         task = asyncio.ensure_future(engine.run(stop))
-        await stop.wait()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        status = 0
+        if task.done() and not stop.is_set():
+            exc = task.exception()
+            logging.getLogger("cardshare.arbiter").critical(
+                "the engine's loop ended: %s; exiting so the container restarts",
+                "without an error" if exc is None else f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            status = 1
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await runner.cleanup()
     store.close()
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"cardshare.arbiter: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config, token))
-    return 0
+    try:
+        return asyncio.run(serve(config, token))
+    except StoreError as exc:
+        print(f"cardshare.arbiter: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

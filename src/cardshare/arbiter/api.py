@@ -1,6 +1,8 @@
 """The arbiter's HTTP API (aiohttp): jobs, status, mode, metrics.
 
-Mutating calls need ``Authorization: Bearer <token>``; request bodies are bounded.
+Mutating calls, and everything about a job (its details, its outputs), need
+``Authorization: Bearer <token>``; request bodies are bounded. ``/v1/mode``, ``/v1/health``,
+``/metrics`` and ``/v1/status`` (without job ids unless the token is given) are open.
 """
 
 from __future__ import annotations
@@ -12,8 +14,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from cardshare.arbiter.engine import ALERT_NAMES, Engine, check_input_name, decode_inputs
+from cardshare.arbiter.engine import (
+    ALERT_NAMES,
+    Alert,
+    Engine,
+    check_input_name,
+    decode_inputs,
+    is_storage_error,
+    storable_text,
+)
 from cardshare.arbiter.metrics import render_metrics
+from cardshare.arbiter.resume import save_nodes
 from cardshare.arbiter.store import Job, JobState, SwapRecord, job_dir
 
 
@@ -27,8 +38,13 @@ ENGINE_KEY: Any = _app_key("cardshare_engine", Engine)
 TOKEN_KEY: Any = _app_key("cardshare_token", str)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+# a workflow nested deeper than this is refused (ComfyUI graphs are a few levels deep)
+MAX_WORKFLOW_DEPTH = 32
+MAX_HOLD_SECONDS = 3600
 
 
 def _authorized(request: web.Request) -> bool:
@@ -40,15 +56,41 @@ def _authorized(request: web.Request) -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
+def _check_storable(value: Any, depth: int = 0) -> None:
+    """Every string storable as it is; nesting bounded (deep code is never reached)."""
+    if depth > MAX_WORKFLOW_DEPTH:
+        raise ValueError(f"workflow is nested deeper than {MAX_WORKFLOW_DEPTH} levels")
+    if isinstance(value, str):
+        if not storable_text(value.replace("\n", " ").replace("\r", " ").replace("\t", " ")):
+            raise ValueError(
+                f"workflow holds a string with a lone surrogate or a control character: "
+                f"{value!r:.60}"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_storable(key, depth + 1)
+            _check_storable(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_storable(item, depth + 1)
+
+
 def check_workflow(workflow: Any) -> dict[str, Any]:
-    """An API-format graph: {node id: {"class_type": str, "inputs": {...}}}."""
+    """An API-format graph: {node id: {"class_type": str, "inputs": {...}}}, with a save
+    node (its files on disk prove the job ran, when ComfyUI's history is gone)."""
     if not isinstance(workflow, dict) or not workflow:
         raise ValueError("workflow must be a non-empty ComfyUI API-format object")
+    _check_storable(workflow)
     for node_id, node in workflow.items():
         if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
             raise ValueError(f"workflow node {node_id!r} has no class_type (use the API format)")
         if not isinstance(node.get("inputs", {}), dict):
             raise ValueError(f"workflow node {node_id!r} has inputs that are not an object")
+    if not save_nodes(workflow):
+        raise ValueError(
+            "workflow has no save node (SaveImage, or a node with a filename_prefix input): "
+            "the arbiter returns saved images only"
+        )
     return workflow
 
 
@@ -58,6 +100,7 @@ def job_doc(job: Job) -> dict[str, Any]:
         "state": job.state.value,
         "reason": job.reason,
         "attempts": job.attempts,
+        "cancel_requested": job.cancel_requested,
         "outputs": [f"/v1/jobs/{job.id}/outputs/{n}" for n in range(job.outputs)],
         "created": job.created,
         "started": job.started,
@@ -107,7 +150,7 @@ async def _read_submission(request: web.Request) -> tuple[Any, dict[str, bytes]]
             if total > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=total)
             if part.name == "workflow":
-                workflow = json.loads(data)
+                workflow = json.loads(bytes(data).decode("utf-8"))
             else:
                 filename = part.filename or part.name
                 check_input_name(filename)
@@ -119,18 +162,34 @@ async def _read_submission(request: web.Request) -> tuple[Any, dict[str, bytes]]
     return body.get("workflow"), decode_inputs(body.get("inputs"))
 
 
+def _storage_refusal(engine: Engine, detail: str) -> web.Response:
+    return _error(
+        503,
+        f"the arbiter cannot store jobs now: {detail}",
+        headers={"Retry-After": str(max(1, int(engine.config.poll_interval_seconds * 5)))},
+    )
+
+
 async def post_job(request: web.Request) -> web.Response:
     if not _authorized(request):
         return _error(401, "missing or wrong bearer token")
     engine = request.app[ENGINE_KEY]
+    problem = engine.alerts.get(Alert.STORAGE) or engine.storage_problem()
+    if problem:
+        return _storage_refusal(engine, problem)
     try:
         raw_workflow, inputs = await _read_submission(request)
         workflow = check_workflow(raw_workflow)
     except web.HTTPRequestEntityTooLarge:
         raise
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, str(exc))
-    job = engine.submit_job(workflow, inputs)
+    except (ValueError, UnicodeError, RecursionError) as exc:
+        return _error(400, str(exc)[:500] or type(exc).__name__)
+    try:
+        job = engine.submit_job(workflow, inputs)
+    except Exception as exc:
+        if not is_storage_error(exc):
+            raise
+        return _storage_refusal(engine, f"{type(exc).__name__}: {exc}")
     return web.json_response({"id": job.id}, status=201)
 
 
@@ -144,11 +203,19 @@ def _job_or_404(request: web.Request) -> Job:
     return job
 
 
+def _unauthorized() -> web.Response:
+    return _error(401, "missing or wrong bearer token")
+
+
 async def get_job(request: web.Request) -> web.Response:
+    if not _authorized(request):
+        return _unauthorized()
     return web.json_response(job_doc(_job_or_404(request)))
 
 
 async def get_output(request: web.Request) -> web.StreamResponse:
+    if not _authorized(request):
+        return _unauthorized()
     job = _job_or_404(request)
     try:
         n = int(request.match_info["n"])
@@ -170,18 +237,23 @@ async def delete_job(request: web.Request) -> web.Response:
         return _error(401, "missing or wrong bearer token")
     engine = request.app[ENGINE_KEY]
     job = _job_or_404(request)
-    if engine.store.cancel(job.id, engine.clock.now()):
-        cancelled = engine.store.job(job.id)
-        assert cancelled is not None
-        return web.json_response(job_doc(cancelled))
+    outcome = engine.store.cancel(job.id, engine.clock.now())
     current = engine.store.job(job.id)
     assert current is not None
-    return _error(409, f"job is {current.state.value}: only a queued job can be cancelled")
+    if outcome is JobState.CANCELLED:
+        return web.json_response(job_doc(current))
+    if outcome is JobState.RUNNING:  # the engine interrupts its prompt, then ends it
+        engine.wake.set()
+        return web.json_response(job_doc(current), status=202)
+    return _error(409, f"job is {current.state.value}: it has ended and cannot be cancelled")
 
 
-def status_doc(engine: Engine) -> dict[str, Any]:
+def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
+    """The engine's state; job ids only for a caller with the token."""
     st = engine.state
     card = engine.last_card
+    healthy, health = engine.healthy()
+    hold = engine.active_hold()
     return {
         "mode": engine.mode.value,
         "since": st.mode_since,
@@ -189,7 +261,19 @@ def status_doc(engine: Engine) -> dict[str, Any]:
         "phase_since": st.phase_since,
         "image_since": st.image_since,
         "queue_length": engine.store.queue_length(),
-        "current_job": engine.current_job,
+        "job_running": engine.current_job is not None,
+        "current_job": engine.current_job if authorized else None,
+        "engine": {
+            "alive": engine.alive,
+            "healthy": healthy,
+            "health": health,
+            "heartbeat": engine.heartbeat,
+            "heartbeat_age_seconds": round(engine.heartbeat_age(), 3),
+            "faults": dict(sorted(engine.faults.items())),
+            "image_start_failures": engine.image_failures,
+            "image_stop_failures": engine.image_stop_failures,
+        },
+        "hold": None if hold is None else {"holder": hold[0], "until": hold[1]},
         "decision": {"go": engine.last_decision.go, "reasons": list(engine.last_decision.reasons)},
         "swaps": [swap_doc(s) for s in engine.store.swaps(engine.config.swap_history)],
         "card": None
@@ -206,7 +290,58 @@ def status_doc(engine: Engine) -> dict[str, Any]:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(status_doc(request.app[ENGINE_KEY]))
+    return web.json_response(status_doc(request.app[ENGINE_KEY], _authorized(request)))
+
+
+async def get_health(request: web.Request) -> web.Response:
+    """200 while the engine runs and its heartbeat is fresh, else 503 (the healthcheck)."""
+    engine = request.app[ENGINE_KEY]
+    healthy, health = engine.healthy()
+    return web.json_response(
+        {"healthy": healthy, "health": health, "mode": engine.mode.value},
+        status=200 if healthy else 503,
+    )
+
+
+async def post_hold(request: web.Request) -> web.Response:
+    """Hold swaps to image (a role's probe of ComfyUI): 200, or 409 when mid-swap/job."""
+    if not _authorized(request):
+        return _unauthorized()
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeError, RecursionError):
+        return _error(400, 'body must be JSON {"seconds": N, "holder": "name"}')
+    seconds = body.get("seconds") if isinstance(body, dict) else None
+    holder = body.get("holder") if isinstance(body, dict) else None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 1 <= seconds <= MAX_HOLD_SECONDS
+    ):
+        return _error(400, f"seconds is {seconds!r}: give a number from 1 to {MAX_HOLD_SECONDS}")
+    if not isinstance(holder, str) or not holder or len(holder) > 80 or not storable_text(holder):
+        return _error(400, f"holder is {holder!r:.60}: give a short name")
+    until = engine.hold_swaps(holder, float(seconds))
+    if until is None:
+        return web.json_response(
+            {
+                "error": f"the card is not at rest with the LLM (phase {engine.state.phase.value}"
+                + (", a job running" if engine.current_job else "")
+                + "): try again later",
+                "mode": engine.mode.value,
+            },
+            status=409,
+        )
+    return web.json_response({"holder": holder, "until": until})
+
+
+async def delete_hold(request: web.Request) -> web.Response:
+    if not _authorized(request):
+        return _unauthorized()
+    if request.app[ENGINE_KEY].release_hold():
+        return web.json_response({"released": True})
+    return _error(404, "no hold")
 
 
 async def get_mode(request: web.Request) -> web.Response:
@@ -225,6 +360,9 @@ async def get_metrics(request: web.Request) -> web.Response:
         engine.store.swap_counts(),
         engine.alerts,
         ALERT_NAMES,
+        faults=engine.faults,
+        heartbeat_age=engine.heartbeat_age(),
+        alive=engine.alive,
     )
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -238,6 +376,9 @@ def build_app(engine: Engine, token: str) -> web.Application:
     app.router.add_delete("/v1/jobs/{job_id}", delete_job)
     app.router.add_get("/v1/jobs/{job_id}/outputs/{n}", get_output)
     app.router.add_get("/v1/status", get_status)
+    app.router.add_get("/v1/health", get_health)
+    app.router.add_post("/v1/hold", post_hold)
+    app.router.add_delete("/v1/hold", delete_hold)
     app.router.add_get("/v1/mode", get_mode)
     app.router.add_get("/metrics", get_metrics)
     return app

@@ -58,6 +58,20 @@ class Config:
     listen_port: int = 8090
     max_payload_bytes: int = 32 * 1024 * 1024
     swap_history: int = 20
+    # supervision: the engine's heartbeat older than this fails the healthcheck (longer than
+    # the longest single wait on an edge: a Docker stop of stop_timeout_seconds plus its
+    # own 30 s timeout)
+    heartbeat_stale_seconds: float = 180.0
+    engine_backoff_max_seconds: float = 60.0
+    # a job on which the arbiter itself failed this many times is failed (a poison job)
+    job_max_errors: int = 3
+    # ComfyUI polls in a row that get no answer while its container runs: then it hangs
+    comfyui_unanswered_polls: int = 3
+    # swaps to image after ComfyUI failed to come up: base, 2x, 4x ... capped
+    image_retry_backoff_seconds: float = 60.0
+    image_retry_backoff_max_seconds: float = 3600.0
+    # free space the data directory must keep: below it, jobs are paused and refused
+    min_free_bytes: int = 64 * 1024 * 1024
 
     @property
     def llm_names(self) -> tuple[str, ...]:
@@ -83,8 +97,20 @@ _POSITIVE_FLOAT = (
     "http_timeout_seconds",
     "llm_retry_backoff_seconds",
     "llm_retry_backoff_max_seconds",
+    "heartbeat_stale_seconds",
+    "engine_backoff_max_seconds",
+    "image_retry_backoff_seconds",
+    "image_retry_backoff_max_seconds",
 )
-_POSITIVE_INT = ("stop_timeout_seconds", "job_max_attempts", "max_payload_bytes", "swap_history")
+_POSITIVE_INT = (
+    "stop_timeout_seconds",
+    "job_max_attempts",
+    "max_payload_bytes",
+    "swap_history",
+    "job_max_errors",
+    "comfyui_unanswered_polls",
+    "min_free_bytes",
+)
 _KNOWN = (
     set(_REQUIRED_STR)
     | set(_REQUIRED_PATH)
@@ -200,6 +226,12 @@ def parse_config(raw: Any) -> Config:
             "llm_retry_backoff_max_seconds",
             raw.get("llm_retry_backoff_max_seconds"),
             "set it at least as large as llm_retry_backoff_seconds",
+        )
+    if config.image_retry_backoff_max_seconds < config.image_retry_backoff_seconds:
+        raise _err(
+            "image_retry_backoff_max_seconds",
+            raw.get("image_retry_backoff_max_seconds"),
+            "set it at least as large as image_retry_backoff_seconds",
         )
     return config
 

@@ -25,15 +25,17 @@ class Unavailable(Exception):
 class Rejected(Exception):
     """The service answered 4xx: the request itself is wrong."""
 
-    def __init__(self, message: str, detail: Any = None) -> None:
+    def __init__(self, message: str, detail: Any = None, status: int = 400) -> None:
         super().__init__(message)
         self.detail = detail
+        self.status = status
 
 
 class Containers(Protocol):
     async def state(self, role: Role) -> ContainerState: ...
     async def start(self, role: Role) -> None: ...
     async def stop(self, role: Role, timeout_seconds: int) -> None: ...
+    async def restart(self, role: Role, timeout_seconds: int) -> None: ...
     async def logs_tail(self, role: Role, lines: int = 50) -> str: ...
 
 
@@ -50,6 +52,9 @@ class ComfyApi(Protocol):
     async def history(self, prompt_id: str) -> dict[str, Any] | None: ...
     async def in_queue(self, prompt_id: str) -> bool: ...
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes: ...
+    async def saved(self, filename: str, subfolder: str) -> bytes | None: ...
+    async def interrupt(self) -> None: ...
+    async def clear_queue(self) -> None: ...
 
 
 class ProxyApi(Protocol):
@@ -82,11 +87,30 @@ class DockerContainers:
     async def stop(self, role: Role, timeout_seconds: int) -> None:
         await asyncio.to_thread(self.client.stop, await self._id(role), timeout_seconds)
 
+    async def restart(self, role: Role, timeout_seconds: int) -> None:
+        await asyncio.to_thread(self.client.restart, await self._id(role), timeout_seconds)
+
     async def logs_tail(self, role: Role, lines: int = 50) -> str:
         return await asyncio.to_thread(self.client.logs_tail, await self._id(role), lines)
 
 
-_NET_ERRORS = (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError)
+# refused, reset, timed out (a hang), a broken or non-HTTP answer (garbage)
+_NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+def _json(body: bytes, what: str) -> Any:
+    """A JSON answer, or Unavailable: a garbage answer is the service's fault, not ours."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise Unavailable(f"{what} answered no JSON: {body[:120]!r}") from exc
+
+
+def _object(body: bytes, what: str) -> dict[str, Any]:
+    doc = _json(body, what)
+    if not isinstance(doc, dict):
+        raise Unavailable(f"{what} answered a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 class _Http:
@@ -105,6 +129,8 @@ class _Http:
                 status = resp.status
         except _NET_ERRORS as exc:
             raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        except (ValueError, TypeError) as exc:  # the request cannot be sent (e.g. CR/LF, NUL)
+            raise Rejected(f"{method} {url} cannot be sent: {exc}", str(exc)) from exc
         if status in ok:
             return status, body
         text = body.decode("utf-8", "replace")[:500]
@@ -112,9 +138,9 @@ class _Http:
             detail: Any = None
             try:
                 detail = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):
                 detail = text
-            raise Rejected(f"{method} {url} answered {status}: {text}", detail)
+            raise Rejected(f"{method} {url} answered {status}: {text}", detail, status)
         raise Unavailable(f"{method} {url} answered {status}: {text}")
 
 
@@ -133,7 +159,7 @@ class HttpLlm:
     async def one_token(self) -> None:
         payload = {"model": self.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
         _, body = await self.http.request("POST", "/v1/completions", json=payload)
-        doc = json.loads(body)
+        doc = _json(body, "POST /v1/completions")
         if not isinstance(doc, dict) or not doc.get("choices"):
             raise Unavailable(f"one-token completion answered without choices: {body[:200]!r}")
 
@@ -149,8 +175,8 @@ class HttpComfy:
         except (Unavailable, Rejected):
             return False
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc = _json(body, "GET /object_info")
+        except Unavailable:
             return False
         return isinstance(doc, dict) and bool(doc)
 
@@ -159,7 +185,7 @@ class HttpComfy:
         form.add_field("image", data, filename=name, content_type="image/png")
         form.add_field("overwrite", "true")
         _, body = await self.http.request("POST", "/upload/image", data=form)
-        doc = json.loads(body)
+        doc = _object(body, "POST /upload/image")
         stored = str(doc.get("name", name))
         sub = str(doc.get("subfolder", "") or "")
         return f"{sub}/{stored}" if sub else stored
@@ -167,20 +193,22 @@ class HttpComfy:
     async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str:
         payload = {"prompt": workflow, "client_id": self.client_id, "prompt_id": prompt_id}
         _, body = await self.http.request("POST", "/prompt", json=payload)
-        doc = json.loads(body)
+        doc = _object(body, "POST /prompt")
         return str(doc.get("prompt_id", prompt_id))
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
         _, body = await self.http.request("GET", f"/history/{prompt_id}")
-        doc = json.loads(body)
-        entry = doc.get(prompt_id) if isinstance(doc, dict) else None
+        entry = _object(body, "GET /history").get(prompt_id)
         return entry if isinstance(entry, dict) else None
 
     async def in_queue(self, prompt_id: str) -> bool:
         _, body = await self.http.request("GET", "/queue")
-        doc = json.loads(body)
+        doc = _object(body, "GET /queue")
         for key in ("queue_running", "queue_pending"):
-            for item in doc.get(key) or []:
+            items = doc.get(key)
+            if not isinstance(items, list):
+                raise Unavailable(f"GET /queue answered {key} {items!r:.80}, not a list")
+            for item in items:
                 if isinstance(item, list) and len(item) > 1 and item[1] == prompt_id:
                     return True
         return False
@@ -189,16 +217,28 @@ class HttpComfy:
         params = {"filename": filename, "subfolder": subfolder, "type": kind}
         return (await self.http.request("GET", "/view", params=params))[1]
 
+    async def saved(self, filename: str, subfolder: str) -> bytes | None:
+        """A file in ComfyUI's output directory, None when it does not exist (404)."""
+        try:
+            return await self.view(filename, subfolder, "output")
+        except Rejected as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def interrupt(self) -> None:
+        await self.http.request("POST", "/interrupt", json={})
+
+    async def clear_queue(self) -> None:
+        await self.http.request("POST", "/queue", json={"clear": True})
+
 
 class HttpProxy:
     def __init__(self, session: aiohttp.ClientSession, base: str, timeout: float) -> None:
         self.http = _Http(session, base, timeout)
 
     async def state(self) -> dict[str, Any]:
-        doc = json.loads((await self.http.request("GET", "/proxy/state"))[1])
-        if not isinstance(doc, dict):
-            raise Unavailable("proxy state is not a JSON object")
-        return doc
+        return _object((await self.http.request("GET", "/proxy/state"))[1], "GET /proxy/state")
 
 
 __all__ = [

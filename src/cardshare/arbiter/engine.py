@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import logging
+import shutil
+import sqlite3
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from cardshare.arbiter.cardview import CardDataError, CardSource, CardView
@@ -34,6 +39,9 @@ from cardshare.arbiter.resume import (
     history_images,
     plan_job_step,
     plan_resume,
+    save_nodes,
+    save_prefix,
+    saved_file_name,
 )
 from cardshare.arbiter.rules import (
     Decision,
@@ -59,17 +67,52 @@ from cardshare.errors import VRAM_MAX_ATTEMPTS, is_insufficient_vram_error, oom_
 log = logging.getLogger("cardshare.arbiter")
 T = TypeVar("T")
 
-ALERT_NAMES = (
-    "llm_not_ready",
-    "llm_insufficient_vram",
-    "llm_oom_killed",
-    "llm_release_timeout",
-    "image_not_ready",
-    "image_release_timeout",
-    "image_oom_killed",
-    "docker",
-    "card_data",
-)
+
+class Alert(StrEnum):
+    """What can go wrong, as the status, the metrics and the alert rules name it."""
+
+    LLM_NOT_READY = "llm_not_ready"
+    LLM_INSUFFICIENT_VRAM = "llm_insufficient_vram"
+    LLM_OOM_KILLED = "llm_oom_killed"
+    LLM_RELEASE_TIMEOUT = "llm_release_timeout"
+    IMAGE_NOT_READY = "image_not_ready"
+    IMAGE_START_FAILED = "image_start_failed"  # in a row: swaps to image back off
+    IMAGE_STOP_FAILED = "image_stop_failed"  # vLLM stays stopped until ComfyUI is
+    IMAGE_CRASHED = "image_crashed"  # ComfyUI exited or hung under a job
+    IMAGE_RELEASE_TIMEOUT = "image_release_timeout"
+    IMAGE_OOM_KILLED = "image_oom_killed"
+    DOCKER = "docker"
+    CARD_DATA = "card_data"
+    STORAGE = "storage"  # the data directory is full, read-only or failing
+    ENGINE_ERROR = "engine_error"  # an unexpected error in the arbiter itself
+
+
+ALERT_NAMES = tuple(a.value for a in Alert)
+
+
+class FailureKind(StrEnum):
+    """Why a container is not running, from the engine's inspect and the log's tail."""
+
+    OOM_KILLED = "oom_killed"  # the host memory cap (State.OOMKilled)
+    INSUFFICIENT_VRAM = "insufficient_vram"  # the card's memory (the log says so)
+    EXITED = "exited"
+    UNKNOWN = "unknown"  # the container could not be inspected
+
+
+@dataclass(frozen=True)
+class ContainerFailure:
+    kind: FailureKind
+    message: str
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A fault of the data directory (full, read-only, I/O) or of the database."""
+    if isinstance(exc, sqlite3.Error):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
 
 
 class Clock(Protocol):
@@ -108,11 +151,22 @@ class Engine:
         # conservative start: vLLM must be seen idle for idle_seconds from now
         self.activity = LlmActivity(last_active_at=now)
         self.alerts: dict[str, str] = {}
+        self.faults: Counter[str] = Counter()  # alerts raised, by name, since the start
         self.last_decision = Decision(False, ("not evaluated yet",))
         self.last_card: CardView | None = None
         self.current_job: str | None = None
         self.llm_failures = 0
         self.llm_vram_failures = 0
+        self.image_failures = 0  # ComfyUI failed to come up, in a row
+        self.image_retry_at = 0.0
+        self.image_failure = ""
+        self.image_stop_failures = 0
+        self.comfy_unanswered = 0
+        self.pending_restart: str | None = None  # a failed poison job may still run there
+        self.heartbeat = now
+        self.alive = False
+        self.step_errors = 0  # failed steps in a row (backoff)
+        self._step_job: str | None = None
         self._waited = 0.0
         self.wake = asyncio.Event()
 
@@ -122,6 +176,29 @@ class Engine:
     def mode(self) -> Mode:
         return MODE_OF[self.state.phase]
 
+    def beat(self) -> None:
+        """The engine is making progress (the healthcheck reads the heartbeat's age)."""
+        self.heartbeat = self.clock.now()
+
+    def heartbeat_age(self) -> float:
+        return max(0.0, self.clock.now() - self.heartbeat)
+
+    def healthy(self) -> tuple[bool, str]:
+        if not self.alive:
+            return False, "the engine is not running"
+        age = self.heartbeat_age()
+        if age > self.config.heartbeat_stale_seconds:
+            return False, (
+                f"the engine's heartbeat is {age:.0f} s old "
+                f"(heartbeat_stale_seconds {self.config.heartbeat_stale_seconds:g})"
+            )
+        return True, f"heartbeat {age:.1f} s ago"
+
+    async def _sleep(self, seconds: float) -> None:
+        self.beat()
+        await self.clock.sleep(seconds)
+        self.beat()
+
     async def _waiting(self, aw: Awaitable[T]) -> T:
         """Await a container stop/start/readiness call, counting its time as waited."""
         start = self.clock.now()
@@ -129,18 +206,22 @@ class Engine:
             return await aw
         finally:
             self._waited += self.clock.now() - start
+            self.beat()
 
     async def _pause(self, seconds: float) -> None:
-        await self._waiting(self.clock.sleep(seconds))
+        await self._waiting(self._sleep(seconds))
 
-    def _alert(self, name: str, message: str) -> None:
+    def _alert(self, name: Alert, message: str) -> None:
         if self.alerts.get(name) != message:
             log.warning("alert %s: %s", name, message)
+        if name not in self.alerts:
+            self.faults[name] += 1
         self.alerts[name] = message
 
-    def _clear(self, *names: str) -> None:
+    def _clear(self, *names: Alert) -> None:
         for name in names:
-            self.alerts.pop(name, None)
+            if self.alerts.pop(name, None) is not None:
+                log.info("alert %s cleared", name)
 
     def transition(self, outcome: Outcome, reason: str) -> None:
         to = next_phase(self.state.phase, outcome)
@@ -166,25 +247,31 @@ class Engine:
         except (Unavailable, Rejected, ValueError) as exc:
             return None, str(exc)
 
-    async def _container_failure(self, role: Role) -> str | None:
+    async def _container_failure(self, role: Role) -> ContainerFailure | None:
         """Why the role's container is not running (OOMKilled, VRAM, exit code), else None."""
         try:
             st = await self.containers.state(role)
         except DockerError as exc:
-            return f"cannot inspect the {role} container: {exc}"
+            self._alert(Alert.DOCKER, str(exc))
+            return ContainerFailure(FailureKind.UNKNOWN, f"cannot inspect the {role} container")
         if st.running:
             return None
         if st.oom_killed:
-            return oom_killed_message(st.name or role)
+            return ContainerFailure(FailureKind.OOM_KILLED, oom_killed_message(st.name or role))
         try:
             tail = await self.containers.logs_tail(role)
         except DockerError:
             tail = ""
         vram = [line for line in tail.splitlines() if is_insufficient_vram_error(line)]
         if vram:
-            return f"insufficient VRAM: {vram[-1].strip()[:300]}"
+            return ContainerFailure(
+                FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {vram[-1].strip()[:300]}"
+            )
         status = st.status or "not running"
-        return f"container {st.name or role} is {status} (exit code {st.exit_code})"
+        return ContainerFailure(
+            FailureKind.EXITED,
+            f"container {st.name or role} is {status} (exit code {st.exit_code})",
+        )
 
     def _others_on_card(self) -> str:
         if self.last_card is None:
@@ -193,6 +280,61 @@ class Engine:
         return "; ".join(describe_client(c.name, c.vram_bytes, c.busy_engines) for c in others) or (
             "none"
         )
+
+    # -- holds (a role's probe asks the arbiter not to swap meanwhile) ----------------------
+
+    def hold_swaps(self, holder: str, seconds: float) -> float | None:
+        """Hold swaps to image for ``seconds``; the hold's end, or None when the card is not
+        the LLM's at rest (mid-swap, image mode, or a job in hand)."""
+        if self.state.phase is not Phase.SERVE_LLM or self.current_job is not None:
+            return None
+        until = self.clock.now() + seconds
+        self.store.set_hold(holder, until)
+        log.info("swaps held by %s for %g s", holder, seconds)
+        return until
+
+    def release_hold(self) -> bool:
+        return self.store.clear_hold()
+
+    def active_hold(self) -> tuple[str, float] | None:
+        """(holder, until) of a hold that has not expired; an expired one is dropped."""
+        hold = self.store.hold()
+        if hold is not None and self.clock.now() >= hold[1]:
+            self.store.clear_hold()
+            return None
+        return hold
+
+    def held_by(self) -> str | None:
+        hold = self.active_hold()
+        return None if hold is None else hold[0]
+
+    # -- storage ---------------------------------------------------------------------------
+
+    def storage_problem(self) -> str | None:
+        """Why the data directory cannot take jobs now (too little free space), else None."""
+        try:
+            free = shutil.disk_usage(self.config.data_dir).free
+        except OSError as exc:
+            return f"cannot read the free space of {self.config.data_dir}: {exc.strerror}"
+        if free < self.config.min_free_bytes:
+            return (
+                f"{self.config.data_dir} has {free / 2**20:.0f} MiB free "
+                f"(min_free_bytes {self.config.min_free_bytes / 2**20:.0f} MiB): free space there"
+            )
+        return None
+
+    def _probe_storage(self) -> str | None:
+        """Write, sync and remove a small file: None when the data directory works."""
+        problem = self.storage_problem()
+        if problem is not None:
+            return problem
+        probe = self.config.data_dir / ".storage-probe"
+        try:
+            write_atomic(probe, b"ok\n")
+            probe.unlink()
+        except OSError as exc:
+            return f"cannot write to {self.config.data_dir}: {exc.strerror or exc}"
+        return None
 
     # -- resume ----------------------------------------------------------------------------
 
@@ -203,10 +345,16 @@ class Engine:
             llm_running = (await self.containers.state("llm")).running
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
-            self._alert("docker", str(exc))
+            self._alert(Alert.DOCKER, str(exc))
             return False
-        self._clear("docker")
-        plan = plan_resume(self.state.phase, llm_running, image_running, self.store.queue_length())
+        self._clear(Alert.DOCKER)
+        plan = plan_resume(
+            self.state.phase,
+            llm_running,
+            image_running,
+            self.store.queue_length(),
+            held=self.held_by() is not None,
+        )
         if plan.phase is not self.state.phase:
             self._move(plan.phase, Outcome.RESUME, f"resume: {plan.reason}")
         else:
@@ -222,21 +370,89 @@ class Engine:
         if result is not None:
             self.transition(result.outcome, result.reason)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set() and not await self.resume():
-            await self.clock.sleep(self.config.poll_interval_seconds)
-        while not stop.is_set():
-            try:
-                await self.step()
-            except DockerError as exc:
-                self._alert("docker", str(exc))
-                await self.clock.sleep(self.config.poll_interval_seconds)
+    async def guarded(self, call: Callable[[], Awaitable[Any]]) -> bool:
+        """Run one engine call under the guard: an error is logged, alerted and counted,
+        never the end of the loop. True when the call went through."""
+        self._step_job = None
+        phase = self.state.phase
+        try:
+            await call()
+        except asyncio.CancelledError:
+            raise
+        except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
+        except Exception as exc:
+            if is_storage_error(exc):
+                self._alert(
+                    Alert.STORAGE,
+                    f"the data directory failed in {phase}: {type(exc).__name__}: {exc}; "
+                    "jobs are paused and new ones refused until it works again",
+                )
             else:
-                self._clear("docker")
+                log.exception("unexpected error in phase %s", phase)
+                self.faults["engine_error_steps"] += 1
+                self._alert(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
+                self._poison(exc)
+        else:
+            self.step_errors = 0
+            self._clear(Alert.DOCKER, Alert.ENGINE_ERROR)
+            return True
+        self.step_errors += 1
+        return False
+
+    def _poison(self, exc: Exception) -> None:
+        """Count the error against the job in hand; fail it after job_max_errors."""
+        if self._step_job is None:
+            return
+        reason = f"the arbiter failed on this job: {type(exc).__name__}: {exc}"[:500]
+        try:
+            job = self.store.engine_error(self._step_job, reason)
+            if job.errors >= self.config.job_max_errors and job.state is JobState.RUNNING:
+                self._finish(job, JobState.FAILED, f"{reason} ({job.errors} times; gave up)")
+                # its prompt may still run in ComfyUI: restart ComfyUI before the next job
+                self.pending_restart = f"job {job.id} failed by the arbiter's errors"
+        except Exception:  # the database itself fails: the storage guard catches it next
+            log.exception("cannot record the error against job %s", self._step_job)
+
+    def _backoff(self) -> float:
+        return llm_retry_delay(
+            self.step_errors,
+            self.config.poll_interval_seconds,
+            self.config.engine_backoff_max_seconds,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.alive = True
+        self.beat()
+        try:
+            while not stop.is_set():
+                ok = await self.guarded(self.resume)
+                if ok and Alert.DOCKER not in self.alerts:
+                    break
+                await self._sleep(self._backoff() or self.config.poll_interval_seconds)
+            while not stop.is_set():
+                self.beat()
+                if Alert.STORAGE in self.alerts:
+                    problem = self._probe_storage()
+                    if problem is not None:
+                        self._alert(
+                            Alert.STORAGE, f"{problem}; jobs are paused and new ones refused"
+                        )
+                        await self._sleep(self.config.poll_interval_seconds)
+                        continue
+                    self._clear(Alert.STORAGE)
+                elif (problem := self.storage_problem()) is not None:
+                    self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
+                    continue
+                if not await self.guarded(self.step):
+                    await self._sleep(self._backoff())
+        finally:
+            self.alive = False
 
     async def _idle_wait(self) -> None:
         """Sleep a poll interval, or less when a job arrives."""
         self.wake.clear()
+        self.beat()
         sleeper = asyncio.ensure_future(self.clock.sleep(self.config.poll_interval_seconds))
         waker = asyncio.ensure_future(self.wake.wait())
         try:
@@ -244,6 +460,7 @@ class Engine:
         finally:
             for task in (sleeper, waker):
                 task.cancel()
+        self.beat()
 
     # -- observations ------------------------------------------------------------------------
 
@@ -265,10 +482,10 @@ class Engine:
         if queue_length > 0:
             try:
                 card = await self._card_view(now - self.config.card_data_max_age_seconds)
-                self._clear("card_data")
+                self._clear(Alert.CARD_DATA)
             except CardDataError as exc:
                 card_error = str(exc)
-                self._alert("card_data", card_error)
+                self._alert(Alert.CARD_DATA, card_error)
         return SwapObservations(
             queue_length=queue_length,
             activity=activity,
@@ -277,12 +494,17 @@ class Engine:
             proxy_error=proxy_error,
             card=card,
             card_error=card_error,
+            held_by=self.held_by(),
+            image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
+            image_failure=self.image_failure or None,
         )
 
     # -- phase actions -----------------------------------------------------------------------
 
     async def _serve_llm(self) -> Result | None:
         obs = await self.observe_for_swap()
+        if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
+            self._clear(Alert.LLM_RELEASE_TIMEOUT)
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
@@ -303,7 +525,7 @@ class Engine:
             return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
         return Result(Outcome.OK, f"{role} container started")
 
-    async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: str) -> Result:
+    async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
         """Until the named clients hold no VRAM in card data scanned after this phase began."""
         since = self.state.phase_since
         deadline = self.clock.now() + timeout
@@ -332,33 +554,70 @@ class Engine:
 
     async def _wait_llm_release(self) -> Result:
         return await self._wait_release(
-            self.config.llm_names, self.config.llm_release_timeout_seconds, "llm_release_timeout"
+            self.config.llm_names,
+            self.config.llm_release_timeout_seconds,
+            Alert.LLM_RELEASE_TIMEOUT,
         )
 
+    def _image_failed(self, result: Result) -> Result:
+        """ComfyUI did not come up: count it, and back the next swap to image off."""
+        self.image_failures += 1
+        self.image_failure = result.reason
+        delay = llm_retry_delay(
+            self.image_failures,
+            self.config.image_retry_backoff_seconds,
+            self.config.image_retry_backoff_max_seconds,
+        )
+        self.image_retry_at = self.clock.now() + delay
+        if self.image_failures >= 2:
+            self._alert(
+                Alert.IMAGE_START_FAILED,
+                f"ComfyUI failed to come up {self.image_failures} times in a row "
+                f"(last: {result.reason}); next try in {delay:g} s; "
+                f"{self.store.queue_length()} job(s) kept queued",
+            )
+        return result
+
     async def _start_image(self) -> Result:
-        return await self._start("image")
+        result = await self._start("image")
+        if result.outcome is Outcome.FAILED:
+            self._alert(Alert.IMAGE_NOT_READY, result.reason)
+            return self._image_failed(result)
+        return result
 
     async def _wait_image_ready(self) -> Result:
         deadline = self.clock.now() + self.config.image_ready_timeout_seconds
         while True:
             if await self._waiting(self.comfy.ready()):
-                self._clear("image_not_ready", "image_oom_killed")
+                self._clear(Alert.IMAGE_NOT_READY, Alert.IMAGE_OOM_KILLED, Alert.IMAGE_START_FAILED)
+                self.image_failures = 0
+                self.image_failure = ""
+                self.comfy_unanswered = 0
                 return Result(Outcome.OK, "ComfyUI answers /object_info")
             failure = await self._waiting(self._container_failure("image"))
-            if failure is not None:
-                name = "image_oom_killed" if "OOMKilled" in failure else "image_not_ready"
-                self._alert(name, f"ComfyUI did not start: {failure}")
-                return Result(Outcome.FAILED, f"ComfyUI did not start: {failure}")
+            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
+                name = (
+                    Alert.IMAGE_OOM_KILLED
+                    if failure.kind is FailureKind.OOM_KILLED
+                    else Alert.IMAGE_NOT_READY
+                )
+                self._alert(name, f"ComfyUI did not start: {failure.message}")
+                return self._image_failed(
+                    Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
+                )
             if self.clock.now() >= deadline:
                 message = (
                     f"ComfyUI did not answer /object_info within "
                     f"{self.config.image_ready_timeout_seconds:g} s"
                 )
-                self._alert("image_not_ready", message)
-                return Result(Outcome.TIMEOUT, message)
+                self._alert(Alert.IMAGE_NOT_READY, message)
+                return self._image_failed(Result(Outcome.TIMEOUT, message))
             await self._pause(self.config.poll_interval_seconds)
 
     async def _run_jobs(self) -> Result | None:
+        if self.pending_restart is not None:
+            reason, self.pending_restart = self.pending_restart, None
+            return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
         proxy, _ = await self._proxy_state()
         image_since = self.state.image_since or self.state.phase_since
         decision = should_hand_back(
@@ -378,19 +637,66 @@ class Engine:
         if job is None:  # cancelled in between
             return None
         self.current_job = job.id
+        self._step_job = job.id
         try:
             return await self.run_job(job)
         finally:
             self.current_job = None
 
+    async def _restart_image(self) -> Result:
+        """Restart means restart: interrupt the running prompt, clear ComfyUI's queue,
+        restart the container and prove it by a new start time."""
+        for call in (self.comfy.interrupt, self.comfy.clear_queue):
+            try:
+                await self._waiting(call())
+            except (Unavailable, Rejected) as exc:  # a dead ComfyUI answers neither
+                log.info("before the restart: %s", exc)
+        try:
+            before = (await self.containers.state("image")).started_at
+            await self._waiting(self.containers.restart("image", self.config.stop_timeout_seconds))
+            after = await self.containers.state("image")
+        except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
+            return self._image_failed(
+                Result(Outcome.FAILED, f"restarting the image container failed: {exc}")
+            )
+        if not after.running or (before and after.started_at == before):
+            return self._image_failed(
+                Result(
+                    Outcome.FAILED,
+                    f"ComfyUI did not restart (running {after.running}, started at "
+                    f"{after.started_at or '?'}, before {before or '?'})",
+                )
+            )
+        self.comfy_unanswered = 0
+        return Result(Outcome.OK, f"ComfyUI restarted (started at {after.started_at})")
+
     async def _stop_image(self) -> Result:
-        return await self._stop("image")
+        delay = llm_retry_delay(
+            self.image_stop_failures,
+            self.config.llm_retry_backoff_seconds,
+            self.config.llm_retry_backoff_max_seconds,
+        )
+        if delay:
+            await self._pause(delay)
+        result = await self._stop("image")
+        if result.outcome is Outcome.FAILED:
+            self.image_stop_failures += 1
+            self._alert(
+                Alert.IMAGE_STOP_FAILED,
+                f"ComfyUI could not be stopped ({self.image_stop_failures} tries): "
+                f"{result.reason}; vLLM stays stopped until it is",
+            )
+        else:
+            self.image_stop_failures = 0
+            self._clear(Alert.IMAGE_STOP_FAILED)
+        return result
 
     async def _wait_image_release(self) -> Result:
         return await self._wait_release(
             self.config.image_names,
             self.config.image_release_timeout_seconds,
-            "image_release_timeout",
+            Alert.IMAGE_RELEASE_TIMEOUT,
         )
 
     async def _start_llm(self) -> Result:
@@ -408,7 +714,7 @@ class Engine:
             await self._waiting(self.containers.start("llm"))
         except DockerError as exc:
             self.llm_failures += 1
-            self._alert("llm_not_ready", f"starting vLLM failed: {exc}")
+            self._alert(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
             return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
         return Result(Outcome.OK, "llm container started")
 
@@ -424,10 +730,15 @@ class Engine:
             else:
                 self.llm_failures = 0
                 self.llm_vram_failures = 0
-                self._clear("llm_not_ready", "llm_insufficient_vram", "llm_oom_killed")
+                self._clear(
+                    Alert.LLM_NOT_READY,
+                    Alert.LLM_INSUFFICIENT_VRAM,
+                    Alert.LLM_OOM_KILLED,
+                    Alert.IMAGE_RELEASE_TIMEOUT,  # vLLM got its memory: the release is moot
+                )
                 return Result(Outcome.OK, "vLLM /health is 200 and a one-token completion passed")
             failure = await self._waiting(self._container_failure("llm"))
-            if failure is not None:
+            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 return await self._llm_start_failed(failure)
             if self.clock.now() >= deadline:
                 self.llm_failures += 1
@@ -435,15 +746,15 @@ class Engine:
                     f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
                     f"(attempt {self.llm_failures}; last: {last}); restarting it"
                 )
-                self._alert("llm_not_ready", message)
+                self._alert(Alert.LLM_NOT_READY, message)
                 return Result(Outcome.TIMEOUT, message)
             await self._pause(self.config.poll_interval_seconds)
 
-    async def _llm_start_failed(self, failure: str) -> Result:
+    async def _llm_start_failed(self, failure: ContainerFailure) -> Result:
         self.llm_failures += 1
-        if "OOMKilled" in failure:
-            self._alert("llm_oom_killed", failure)
-        elif failure.startswith("insufficient VRAM"):
+        if failure.kind is FailureKind.OOM_KILLED:
+            self._alert(Alert.LLM_OOM_KILLED, failure.message)
+        elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
             self.llm_vram_failures += 1
             try:  # reclaim: whoever else holds the card, it must not be our ComfyUI
                 view = await self._waiting(self._card_view(self.clock.now()))
@@ -456,47 +767,69 @@ class Engine:
                 else f"{self.llm_vram_failures} attempts failed; free the card"
             )
             self._alert(
-                "llm_insufficient_vram",
-                f"vLLM could not get its memory ({failure}); {state}; "
+                Alert.LLM_INSUFFICIENT_VRAM,
+                f"vLLM could not get its memory ({failure.message}); {state}; "
                 f"others on the card: {self._others_on_card()}",
             )
         else:
-            self._alert("llm_not_ready", f"vLLM stopped while starting: {failure}")
-        return Result(Outcome.FAILED, f"vLLM failed to start: {failure}")
+            self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
+        return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
 
     # -- jobs ------------------------------------------------------------------------------
 
     async def run_job(self, job: Job) -> Result | None:
-        """Drive one job to an end (done/failed) or ask for a ComfyUI restart."""
+        """Drive one job to an end (done/failed/cancelled) or ask for a ComfyUI restart.
+
+        Exactly once: a prompt is posted again only when it is provably in neither ComfyUI's
+        queue nor its history and none of the job's files are on disk.
+        """
         deadline = self.clock.now() + self.config.job_timeout_seconds
         while True:
+            self.beat()
+            current = self.store.job(job.id)
+            if current is None or current.state not in (JobState.QUEUED, JobState.RUNNING):
+                return None  # ended meanwhile (a poison job failed by the guard)
+            job = current
+            if job.cancel_requested:
+                return await self._cancel_running(job)
             try:
-                history = await self.comfy.history(job.prompt_id) if job.prompt_id else None
-                in_queue = (
-                    await self.comfy.in_queue(job.prompt_id)
-                    if job.prompt_id and not history
-                    else False
+                in_queue = await self.comfy.in_queue(job.prompt_id) if job.prompt_id else False
+                history = (
+                    await self.comfy.history(job.prompt_id)
+                    if job.prompt_id and not in_queue
+                    else None
                 )
             except (Unavailable, Rejected) as exc:
-                return await self._comfy_died(job, str(exc))
-            step = plan_job_step(job.prompt_id, history, in_queue)
+                died = await self._comfy_unanswered(job, str(exc))
+                if died is not None:
+                    return died
+                await self._sleep(self.config.poll_interval_seconds)
+                continue
+            self.comfy_unanswered = 0
+            step = plan_job_step(job.prompt_id, in_queue, history)
             if step is JobStep.FETCH_OUTPUTS:
                 assert history is not None
                 return await self._fetch_outputs(job, history)
             if step is JobStep.FAILED:
                 assert history is not None
                 return await self._job_error(job, history_error(history))
-            if step is JobStep.NEW_ATTEMPT:
-                if job.attempts >= self.config.job_max_attempts:
-                    self._finish(
-                        job,
-                        JobState.FAILED,
-                        f"gave up after {job.attempts} attempt(s): {job.reason or 'no reason'}",
-                    )
+            if step in (JobStep.NEW_ATTEMPT, JobStep.LOOK_ON_DISK):
+                try:
+                    found = await self._outputs_on_disk(job)
+                except (Unavailable, Rejected) as exc:
+                    return await self._comfy_died(job, f"looking for its files failed: {exc}")
+                if found:
+                    self._store_outputs(job, found, "found on disk")
                     return None
-                job = self.store.start_attempt(job.id, str(uuid.uuid4()), self.clock.now())
-                step = JobStep.SUBMIT_SAME
-            if step is JobStep.SUBMIT_SAME:
+                if step is JobStep.NEW_ATTEMPT:
+                    if job.attempts >= self.config.job_max_attempts:
+                        self._finish(
+                            job,
+                            JobState.FAILED,
+                            f"gave up after {job.attempts} attempt(s): {job.reason or 'no reason'}",
+                        )
+                        return None
+                    job = self.store.start_attempt(job.id, str(uuid.uuid4()), self.clock.now())
                 assert job.prompt_id is not None
                 try:
                     workflow = await self._prepare(job)
@@ -518,10 +851,40 @@ class Engine:
                     f"({self.config.job_timeout_seconds:g})",
                 )
                 return Result(Outcome.RESTART, "a job timed out: restart ComfyUI to stop it")
-            await self.clock.sleep(self.config.poll_interval_seconds)
+            await self._sleep(self.config.poll_interval_seconds)
+
+    async def _cancel_running(self, job: Job) -> Result | None:
+        """A running job cancelled by request: interrupt its prompt, then end it."""
+        try:
+            if job.prompt_id is not None:
+                await self.comfy.interrupt()
+                await self.comfy.clear_queue()
+        except (Unavailable, Rejected) as exc:
+            self.store.finish(
+                job.id,
+                JobState.CANCELLED,
+                "cancelled by request while running",
+                0,
+                self.clock.now(),
+            )
+            return Result(Outcome.RESTART, f"restart ComfyUI: interrupting a cancelled job: {exc}")
+        self._finish(job, JobState.CANCELLED, "cancelled by request while running")
+        return None
+
+    async def _comfy_unanswered(self, job: Job, detail: str) -> Result | None:
+        """ComfyUI did not answer a poll: dead (its container stopped) or hung (no answer
+        comfyui_unanswered_polls times in a row) means a restart; else poll again."""
+        self.comfy_unanswered += 1
+        failure = await self._container_failure("image")
+        dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
+        if dead or self.comfy_unanswered >= self.config.comfyui_unanswered_polls:
+            return await self._comfy_died(job, detail, failure)
+        log.info("ComfyUI did not answer (%d in a row): %s", self.comfy_unanswered, detail)
+        return None
 
     async def _prepare(self, job: Job) -> dict[str, Any]:
-        """Upload the job's input images and point the workflow at their stored names."""
+        """Upload the job's input images, point the workflow at their stored names and give
+        its save nodes the job's own filename prefix."""
         workflow: dict[str, Any] = dict(job.workflow)
         renames: dict[str, str] = {}
         for name in job.inputs:
@@ -530,22 +893,49 @@ class Engine:
             renames[name] = stored
         if renames:
             workflow = _substitute(workflow, renames)
+        for index, node_id in enumerate(save_nodes(workflow)):
+            subfolder, stem = save_prefix(job.id, index)
+            node = dict(workflow[node_id])
+            node["inputs"] = {**node.get("inputs", {}), "filename_prefix": f"{subfolder}/{stem}"}
+            workflow[node_id] = node
         return workflow
+
+    async def _outputs_on_disk(self, job: Job) -> list[bytes]:
+        """The job's saved images in ComfyUI's output directory, when every save node left
+        at least one (then the prompt ran to its end); else []."""
+        images: list[bytes] = []
+        for index, _ in enumerate(save_nodes(dict(job.workflow))):
+            subfolder, stem = save_prefix(job.id, index)
+            counter = 1
+            while counter <= MAX_SAVED_PER_NODE:
+                data = await self.comfy.saved(saved_file_name(stem, counter), subfolder)
+                if data is None:
+                    break
+                images.append(data)
+                counter += 1
+            if counter == 1:
+                return []
+        return images
 
     async def _fetch_outputs(self, job: Job, history: dict[str, Any]) -> Result | None:
         images = history_images(history)
-        outdir = job_dir(self.config.data_dir, job.id) / "outputs"
-        try:
-            for n, (filename, subfolder, kind) in enumerate(images):
-                data = await self.comfy.view(filename, subfolder, kind)
-                write_atomic(outdir / f"{n}.png", data)
-        except (Unavailable, Rejected) as exc:
-            return await self._comfy_died(job, f"fetching outputs failed: {exc}")
         if not images:
             self._finish(job, JobState.FAILED, "the workflow finished without output images")
             return None
-        self._finish(job, JobState.DONE, "", outputs=len(images))
+        try:
+            found = [await self.comfy.view(f, sub, kind) for f, sub, kind in images]
+        except (Unavailable, Rejected) as exc:
+            return await self._comfy_died(job, f"fetching outputs failed: {exc}")
+        self._store_outputs(job, found, "from ComfyUI's history")
         return None
+
+    def _store_outputs(self, job: Job, images: list[bytes], source: str) -> None:
+        outdir = job_dir(self.config.data_dir, job.id) / "outputs"
+        for n, data in enumerate(images):
+            write_atomic(outdir / f"{n}.png", data)
+        self._clear(Alert.IMAGE_CRASHED)
+        self._finish(job, JobState.DONE, "", outputs=len(images))
+        log.info("job %s: %d output(s) %s", job.id, len(images), source)
 
     async def _job_error(self, job: Job, message: str) -> Result | None:
         if is_insufficient_vram_error(message):
@@ -567,13 +957,17 @@ class Engine:
         self._finish(job, JobState.FAILED, f"ComfyUI error: {message}")
         return None
 
-    async def _comfy_died(self, job: Job, detail: str) -> Result:
-        failure = await self._container_failure("image")
+    async def _comfy_died(
+        self, job: Job, detail: str, failure: ContainerFailure | None = None
+    ) -> Result:
+        if failure is None:
+            failure = await self._container_failure("image")
         reason = f"ComfyUI stopped answering ({detail})"
         if failure is not None:
-            reason += f"; {failure}"
-            if "OOMKilled" in failure:
-                self._alert("image_oom_killed", failure)
+            reason += f"; {failure.message}"
+            if failure.kind is FailureKind.OOM_KILLED:
+                self._alert(Alert.IMAGE_OOM_KILLED, failure.message)
+        self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
         if job.prompt_id is not None:
             job = self.store.set_prompt_id(job.id, None)
         self.store.note(job.id, reason)
@@ -588,11 +982,16 @@ class Engine:
     # -- jobs API helpers ---------------------------------------------------------------------
 
     def submit_job(self, workflow: dict[str, Any], inputs: dict[str, bytes]) -> Job:
+        """Store a job (inputs first, then the row); on any failure nothing is left behind."""
         job_id = uuid.uuid4().hex
-        indir = job_dir(self.config.data_dir, job_id) / "inputs"
-        for name, data in inputs.items():
-            write_atomic(indir / name, data)
-        job = self.store.add_job(job_id, workflow, tuple(sorted(inputs)), self.clock.now())
+        jdir = job_dir(self.config.data_dir, job_id)
+        try:
+            for name, data in inputs.items():
+                write_atomic(jdir / "inputs" / name, data)
+            job = self.store.add_job(job_id, workflow, tuple(sorted(inputs)), self.clock.now())
+        except BaseException:
+            shutil.rmtree(jdir, ignore_errors=True)
+            raise
         self.wake.set()
         return job
 
@@ -604,11 +1003,15 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.START_IMAGE: Engine._start_image,
     Phase.WAIT_IMAGE_READY: Engine._wait_image_ready,
     Phase.RUN_JOBS: Engine._run_jobs,
+    Phase.RESTART_IMAGE: Engine._restart_image,
     Phase.STOP_IMAGE: Engine._stop_image,
     Phase.WAIT_IMAGE_RELEASE: Engine._wait_image_release,
     Phase.START_LLM: Engine._start_llm,
     Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
 }
+
+# a save node's batch larger than this is not looked for on disk
+MAX_SAVED_PER_NODE = 256
 
 
 def _substitute(value: Any, renames: dict[str, str]) -> Any:
@@ -652,6 +1055,16 @@ def decode_inputs(raw: Any) -> dict[str, bytes]:
     return out
 
 
+def storable_text(text: str) -> bool:
+    """Text that can go into a file name, a database row and an HTTP header as it is: UTF-8
+    encodable (no lone surrogates) and free of control characters (NUL, CR, LF ...)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
 def check_input_name(name: Any) -> None:
     if (
         not isinstance(name, str)
@@ -659,7 +1072,10 @@ def check_input_name(name: Any) -> None:
         or name in (".", "..")
         or "/" in name
         or "\\" in name
-        or "\x00" in name
-        or len(name) > 200
+        or not storable_text(name)
+        or len(name.encode("utf-8")) > 200
     ):
-        raise ValueError(f"input name {name!r} must be a plain file name")
+        raise ValueError(
+            f"input name {name!r:.80} must be a plain file name: no path separator, no control "
+            "character or lone surrogate, at most 200 bytes"
+        )

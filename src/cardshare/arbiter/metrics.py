@@ -22,6 +22,9 @@ def render_metrics(
     swap_counts: Mapping[str, int],
     alerts: Mapping[str, str],
     alert_names: tuple[str, ...],
+    faults: Mapping[str, int] | None = None,
+    heartbeat_age: float = 0.0,
+    alive: bool = True,
 ) -> str:
     p = "cardshare_arbiter"
     lines = [
@@ -65,4 +68,20 @@ def render_metrics(
     lines += [f"# HELP {p}_alert {ALERT_HELP}", f"# TYPE {p}_alert gauge"]
     for name in sorted(set(alert_names) | set(alerts)):
         lines.append(f'{p}_alert{{name="{_esc(name)}"}} {int(name in alerts)}')
+    counted = faults or {}
+    lines += [
+        f"# HELP {p}_faults_total Alerts raised (and errors of the engine's steps) since the"
+        " start.",
+        f"# TYPE {p}_faults_total counter",
+    ]
+    for name in sorted(set(alert_names) | set(counted)):
+        lines.append(f'{p}_faults_total{{kind="{_esc(name)}"}} {counted.get(name, 0)}')
+    lines += [
+        f"# HELP {p}_engine_up 1 while the engine's loop runs.",
+        f"# TYPE {p}_engine_up gauge",
+        f"{p}_engine_up {int(alive)}",
+        f"# HELP {p}_heartbeat_age_seconds Seconds since the engine last made progress.",
+        f"# TYPE {p}_heartbeat_age_seconds gauge",
+        f"{p}_heartbeat_age_seconds {heartbeat_age:.3f}",
+    ]
     return "\n".join(lines) + "\n"

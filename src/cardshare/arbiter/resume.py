@@ -23,10 +23,17 @@ class ResumePlan:
 
 
 def plan_resume(
-    phase: Phase, llm_running: bool, image_running: bool, queue_length: int
+    phase: Phase, llm_running: bool, image_running: bool, queue_length: int, held: bool = False
 ) -> ResumePlan:
-    """Where to continue, given the persisted phase and the containers' real states."""
+    """Where to continue, given the persisted phase and the containers' real states.
+
+    ``held``: a hold on swaps is active (a role's probe runs ComfyUI beside vLLM for a
+    moment, with the arbiter's consent): ComfyUI running then is the probe's, not a swap
+    left half done, and is left alone.
+    """
     if phase is Phase.SERVE_LLM:
+        if image_running and held and llm_running:
+            return ResumePlan(phase, "ComfyUI runs for a held probe: keep serving")
         if image_running:
             return ResumePlan(Phase.STOP_IMAGE, "ComfyUI runs while serving the LLM: hand back")
         if not llm_running:
@@ -55,11 +62,11 @@ def plan_resume(
 
 
 class JobStep(StrEnum):
-    NEW_ATTEMPT = "new_attempt"  # no prompt recorded: submit under a new prompt id
-    SUBMIT_SAME = "submit_same"  # recorded but ComfyUI never saw it: submit that prompt id
-    POLL = "poll"  # ComfyUI has it queued or running: keep polling its history
+    NEW_ATTEMPT = "new_attempt"  # no prompt recorded: look on disk, else a new prompt id
+    POLL = "poll"  # ComfyUI has it queued or running: keep polling
     FETCH_OUTPUTS = "fetch_outputs"  # finished successfully: fetch the outputs
-    FAILED = "failed"  # finished with an error
+    FAILED = "failed"  # finished with an error (an interrupted prompt included)
+    LOOK_ON_DISK = "look_on_disk"  # in neither queue nor history: its files decide
 
 
 def history_status(entry: dict[str, Any] | None) -> str | None:
@@ -77,28 +84,40 @@ def history_status(entry: dict[str, Any] | None) -> str | None:
     return None
 
 
-def plan_job_step(prompt_id: str | None, history: dict[str, Any] | None, in_queue: bool) -> JobStep:
+def plan_job_step(prompt_id: str | None, in_queue: bool, history: dict[str, Any] | None) -> JobStep:
     """The next step for a job, from its recorded prompt id and what ComfyUI knows.
 
-    The prompt id is recorded before submission, so a prompt finished while the arbiter
-    was down is found in the history and never submitted again.
+    The queue is read BEFORE the history: ComfyUI moves a finished prompt from its queue
+    into its history in one step, so a prompt not in the queue at the first read is in the
+    history at the second unless ComfyUI forgot it (a restart: history is in memory only).
+    Reading them the other way round, a prompt finishing between the reads is in neither,
+    and would be posted again. A prompt in neither place is decided by its files on disk
+    (the job's own filename prefix), never by posting it again blindly.
     """
     if prompt_id is None:
         return JobStep.NEW_ATTEMPT
+    if in_queue:
+        return JobStep.POLL
     finished = history_status(history)
     if finished == "success":
         return JobStep.FETCH_OUTPUTS
     if finished == "error":
         return JobStep.FAILED
-    if history or in_queue:
+    if history:
         return JobStep.POLL
-    return JobStep.SUBMIT_SAME
+    return JobStep.LOOK_ON_DISK
 
 
 def history_error(entry: dict[str, Any]) -> str:
     """The error text of a failed prompt from its history messages."""
     status = entry.get("status") or {}
     for message in status.get("messages") or []:
+        if (
+            isinstance(message, list)
+            and len(message) == 2
+            and message[0] == "execution_interrupted"
+        ):
+            return "the prompt was interrupted (execution_interrupted)"
         if isinstance(message, list) and len(message) == 2 and message[0] == "execution_error":
             data = message[1] if isinstance(message[1], dict) else {}
             node = data.get("node_type") or data.get("node_id") or "?"
@@ -106,6 +125,35 @@ def history_error(entry: dict[str, Any]) -> str:
             text = str(data.get("exception_message") or "").strip()
             return f"node {node} raised {kind}: {text}"
     return "ComfyUI reported status error without an execution_error message"
+
+
+SAVE_PREFIX_ROOT = "cardshare"
+
+
+def save_nodes(workflow: dict[str, Any]) -> list[str]:
+    """The ids of the workflow's save nodes (``SaveImage``, or any node that takes a
+    ``filename_prefix``), in a stable order."""
+    found = []
+    for node_id, node in workflow.items():
+        if not isinstance(node, dict):
+            continue
+        inputs = node.get("inputs")
+        if node.get("class_type") == "SaveImage" or (
+            isinstance(inputs, dict) and "filename_prefix" in inputs
+        ):
+            found.append(str(node_id))
+    return sorted(found, key=lambda k: (len(k), k))
+
+
+def save_prefix(job_id: str, index: int) -> tuple[str, str]:
+    """(subfolder, file name stem) of a job's ``index``-th save node: unique to the job,
+    so its outputs are found on disk when ComfyUI's in-memory history is gone."""
+    return f"{SAVE_PREFIX_ROOT}/{job_id}", f"s{index}"
+
+
+def saved_file_name(stem: str, counter: int) -> str:
+    """ComfyUI's name for a saved image: ``<stem>_<counter:05>_.png``, counting from 1."""
+    return f"{stem}_{counter:05}_.png"
 
 
 def history_images(entry: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -138,6 +138,9 @@ class SwapObservations:
     proxy_error: str | None = None  # set when a configured proxy did not answer
     card: CardView | None = None
     card_error: str | None = None
+    held_by: str | None = None  # a hold on swaps (e.g. the comfyui role's probe)
+    image_retry_in: float | None = None  # ComfyUI failed to come up: seconds to wait
+    image_failure: str | None = None
 
 
 def _gib(n: int) -> str:
@@ -156,6 +159,13 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
     blockers: list[str] = []
     if obs.queue_length <= 0:
         return Decision(False, ("the job queue is empty",))
+    if obs.held_by is not None:
+        blockers.append(f"swaps are held by {obs.held_by}")
+    if obs.image_retry_in is not None and obs.image_retry_in > 0:
+        blockers.append(
+            f"ComfyUI failed to come up ({obs.image_failure or 'unknown'}): next try in "
+            f"{obs.image_retry_in:.0f} s; the jobs stay queued"
+        )
     idle_for: float | None = None
     if obs.activity is None:
         blockers.append(f"vLLM metrics unavailable ({obs.metrics_error or 'no answer'})")
@@ -185,7 +195,8 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
                 f"card data is {age:.0f} s old (max {config.card_data_max_age_seconds:g} s)"
                 " even after a fresh scan"
             )
-        for other in obs.card.others(config.llm_names):
+        # the arbiter's own containers are never foreign clients
+        for other in obs.card.others(config.llm_names + config.image_names):
             blockers.append(
                 "another client is on the card: "
                 + describe_client(other.name, other.vram_bytes, other.busy_engines)
@@ -236,7 +247,7 @@ def released(view: CardView, names: tuple[str, ...]) -> bool:
 
 
 def llm_retry_delay(failures: int, base: float, cap: float) -> float:
-    """Backoff before restarting vLLM again: base, 2x, 4x ... capped."""
+    """Backoff after ``failures`` failures in a row: 0, then base, 2x, 4x ... capped."""
     if failures <= 0:
         return 0.0
     return float(min(cap, base * 2 ** (failures - 1)))

@@ -25,6 +25,7 @@ class Phase(StrEnum):
     WAIT_IMAGE_READY = "wait_image_ready"
     # in image
     RUN_JOBS = "run_jobs"
+    RESTART_IMAGE = "restart_image"  # interrupt, clear the queue, restart ComfyUI
     # handback
     STOP_IMAGE = "stop_image"
     WAIT_IMAGE_RELEASE = "wait_image_release"
@@ -38,7 +39,7 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"  # a bounded wait ran out
     FAILED = "failed"  # the action failed
     HAND_BACK = "hand_back"  # run_jobs: the rules say hand the card back
-    RESTART = "restart"  # run_jobs: ComfyUI died, restart it and retry the job
+    RESTART = "restart"  # run_jobs: ComfyUI died or a job hangs: restart ComfyUI
     RESUME = "resume"  # after a restart of the arbiter: converge with the real world
 
 
@@ -49,6 +50,7 @@ MODE_OF: dict[Phase, Mode] = {
     Phase.START_IMAGE: Mode.SWAPPING,
     Phase.WAIT_IMAGE_READY: Mode.SWAPPING,
     Phase.RUN_JOBS: Mode.IMAGE,
+    Phase.RESTART_IMAGE: Mode.IMAGE,
     Phase.STOP_IMAGE: Mode.SWAPPING,
     Phase.WAIT_IMAGE_RELEASE: Mode.SWAPPING,
     Phase.START_LLM: Mode.SWAPPING,
@@ -83,9 +85,13 @@ TRANSITIONS: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.WAIT_IMAGE_READY, Outcome.TIMEOUT): Phase.STOP_IMAGE,
     (Phase.WAIT_IMAGE_READY, Outcome.FAILED): Phase.STOP_IMAGE,
     (Phase.RUN_JOBS, Outcome.HAND_BACK): Phase.STOP_IMAGE,
-    (Phase.RUN_JOBS, Outcome.RESTART): Phase.START_IMAGE,
+    (Phase.RUN_JOBS, Outcome.RESTART): Phase.RESTART_IMAGE,
+    # a restart is proven by a new start time; then ComfyUI must answer again
+    (Phase.RESTART_IMAGE, Outcome.OK): Phase.WAIT_IMAGE_READY,
+    (Phase.RESTART_IMAGE, Outcome.FAILED): Phase.STOP_IMAGE,
     (Phase.STOP_IMAGE, Outcome.OK): Phase.WAIT_IMAGE_RELEASE,
-    (Phase.STOP_IMAGE, Outcome.FAILED): Phase.WAIT_IMAGE_RELEASE,
+    # never back to llm with ComfyUI still on the card: stop it again (with backoff)
+    (Phase.STOP_IMAGE, Outcome.FAILED): Phase.STOP_IMAGE,
     (Phase.WAIT_IMAGE_RELEASE, Outcome.OK): Phase.START_LLM,
     # Start vLLM anyway: it refuses by itself when memory is short, and is retried.
     (Phase.WAIT_IMAGE_RELEASE, Outcome.TIMEOUT): Phase.START_LLM,

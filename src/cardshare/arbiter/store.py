@@ -7,6 +7,7 @@ an arbiter killed at any moment finds where it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -26,6 +27,11 @@ CREATE TABLE IF NOT EXISTS machine (
     mode_since REAL NOT NULL,
     swap_id INTEGER,
     image_since REAL
+);
+CREATE TABLE IF NOT EXISTS hold (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    holder TEXT NOT NULL,
+    until REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS transitions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -64,9 +70,25 @@ CREATE TABLE IF NOT EXISTS jobs (
     outputs INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
     started REAL,
-    finished REAL
+    finished REAL,
+    errors INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
 );
 """
+
+# columns added after the first release: (name, definition) added to an older database
+_JOB_COLUMNS_ADDED = (
+    ("errors", "INTEGER NOT NULL DEFAULT 0"),
+    ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+# written beside the database once it holds the machine's first state: a database that is
+# missing or empty while this exists was lost, and is never silently started afresh
+MARKER_NAME = "arbiter.initialized"
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used as it is: damaged, or lost while expected."""
 
 
 class JobState(StrEnum):
@@ -90,6 +112,8 @@ class Job:
     created: float
     started: float | None
     finished: float | None
+    errors: int = 0  # unexpected errors of the arbiter while running this job
+    cancel_requested: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,10 +165,33 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(path), isolation_level=None)
+        marker = path.with_name(MARKER_NAME)
+        _check_expected(path, marker)
+        try:
+            self.conn = sqlite3.connect(str(path), isolation_level=None)
+            self._open(path)
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(AttributeError):
+                self.conn.close()
+            raise StoreError(
+                f"the arbiter's database {path} is damaged ({exc}): it is kept as it is for "
+                f"inspection; restore it from a backup, or move it and {marker.name} away to "
+                "start with an empty queue"
+            ) from exc
+        if not marker.exists():
+            write_atomic(marker, f"{path.name}\n".encode())
+
+    def _open(self, path: Path) -> None:
+        result = self.conn.execute("PRAGMA quick_check").fetchone()
+        if not result or result[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check says {result[0] if result else 'nothing'}")
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(SCHEMA)
+        have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
+        for name, definition in _JOB_COLUMNS_ADDED:
+            if name not in have:
+                self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
 
     def close(self) -> None:
         self.conn.close()
@@ -274,11 +321,25 @@ class Store:
         ).fetchall()
         return {str(d): int(n) for d, n in rows}
 
+    # -- the hold on swaps (kept across a restart of the arbiter) -------------------------
+
+    def hold(self) -> tuple[str, float] | None:
+        row = self.conn.execute("SELECT holder, until FROM hold").fetchone()
+        return None if row is None else (str(row[0]), float(row[1]))
+
+    def set_hold(self, holder: str, until: float) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO hold VALUES (1, ?, ?)", (holder, until))
+
+    def clear_hold(self) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM hold").rowcount == 1
+
     # -- jobs ----------------------------------------------------------------------------
 
     _JOB_COLS = (
         "id, state, workflow, inputs, reason, attempts, prompt_id, outputs, created, started,"
-        " finished"
+        " finished, errors, cancel_requested"
     )
 
     @staticmethod
@@ -295,6 +356,8 @@ class Store:
             created=float(row[8]),  # type: ignore[arg-type]
             started=None if row[9] is None else float(row[9]),  # type: ignore[arg-type]
             finished=None if row[10] is None else float(row[10]),  # type: ignore[arg-type]
+            errors=int(row[11]),  # type: ignore[call-overload]
+            cancel_requested=bool(row[12]),
         )
 
     def add_job(
@@ -373,8 +436,13 @@ class Store:
             (state.value, reason, outputs, now),
         )
 
-    def cancel(self, job_id: str, now: float) -> bool:
-        """Cancel a queued job; False when it is not queued (any more)."""
+    def engine_error(self, job_id: str, reason: str) -> Job:
+        """Count an unexpected error of the arbiter while it ran this job."""
+        return self._update(job_id, "errors = errors + 1, reason = ?", (reason,))
+
+    def cancel(self, job_id: str, now: float) -> JobState | None:
+        """Cancel a job: a queued one at once (CANCELLED), a running one by request (RUNNING:
+        the engine interrupts its prompt and ends it); None when it has ended already."""
         with self._tx() as c:
             cur = c.execute(
                 "UPDATE jobs SET state = ?, reason = ?, finished = ? WHERE id = ? AND state = ?",
@@ -386,7 +454,13 @@ class Store:
                     JobState.QUEUED.value,
                 ),
             )
-            return cur.rowcount == 1
+            if cur.rowcount == 1:
+                return JobState.CANCELLED
+            cur = c.execute(
+                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = ?",
+                (job_id, JobState.RUNNING.value),
+            )
+            return JobState.RUNNING if cur.rowcount == 1 else None
 
 
 def job_dir(data_dir: Path, job_id: str) -> Path:
@@ -397,8 +471,28 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside ``path``, flush to disk, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a full or read-only disk leaves no temporary file behind
+        raise
+
+
+def _check_expected(path: Path, marker: Path) -> None:
+    """Refuse a database that is missing or empty where one was expected."""
+    size = path.stat().st_size if path.exists() else None
+    if size == 0:
+        raise StoreError(
+            f"the arbiter's database {path} is empty (0 bytes): it is kept for inspection; "
+            "restore it from a backup, or move it away to start with an empty queue"
+        )
+    if size is None and marker.exists():
+        raise StoreError(
+            f"the arbiter's database {path} is missing while {marker} says one was created: "
+            f"restore it from a backup, or remove {marker.name} to start with an empty queue"
+        )

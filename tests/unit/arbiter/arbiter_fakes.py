@@ -4,6 +4,9 @@ ComfyUI, proxy) and a clock that advances only when the code sleeps."""
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +45,22 @@ class FakeContainer:
     exit_code: int = 0
     logs: str = ""
     stop_fails: bool = False
+    start_fails: bool = False  # Docker refuses to start it (e.g. a missing device)
+    exits_at_start: bool = False  # it starts, then exits at once (a broken image)
+    starts: int = 0  # State.StartedAt moves with every real start
+
+    @property
+    def started_at(self) -> str:
+        return f"2026-01-01T00:00:{self.starts:02d}Z" if self.starts else ""
 
 
 @dataclass
 class World:
-    """Containers, card, vLLM and ComfyUI behaving together."""
+    """Containers, card, vLLM and ComfyUI behaving together, with the real services'
+    semantics: Docker's start of a running container and stop of a stopped one do nothing
+    (304); ComfyUI runs one prompt at a time, moves it from its queue to its history in one
+    step, keeps the history in memory only (a restart forgets it) and its saved files on
+    disk (they survive)."""
 
     clock: FakeClock
     llm: FakeContainer = field(default_factory=lambda: FakeContainer("vllm-vllm-1", True))
@@ -60,17 +74,28 @@ class World:
     running: int = 0
     waiting: int = 0
     success: int = 0
-    # ComfyUI
+    # ComfyUI: its memory (lost at every start) ...
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     history: dict[str, dict[str, Any]] = field(default_factory=dict)
-    queue: list[str] = field(default_factory=list)
+    queue: list[str] = field(default_factory=list)  # queue[0] runs
+    head_since: float | None = None
+    # ... and its disk (kept)
+    files: dict[tuple[str, str], bytes] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
+    executions: Counter[str] = field(default_factory=Counter)  # finished runs per subfolder
+    job_seconds: float = 0.5  # how long a prompt runs
+    job_seconds_range: tuple[float, float] | None = None  # or a random time in this range
+    hang_next: int = 0  # the next N prompts never finish (only /interrupt ends them)
+    durations: dict[str, float] = field(default_factory=dict)
+    after_submit: Callable[[str], None] | None = None  # once, right after the next /prompt
+    latency: tuple[float, float] = (0.0, 0.0)  # each ComfyUI call takes this long (range)
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
     reject_next: dict[str, Any] | None = None
     error_next: list[str] = field(default_factory=list)  # exception messages, one per prompt
     die_on_submit: int = 0  # ComfyUI dies at the next N submissions
     oom_on_die: bool = False
-    polls_to_finish: int = 1
-    _polls: dict[str, int] = field(default_factory=dict)
+    garbage_next: dict[str, int] = field(default_factory=dict)  # call -> answers of garbage
+    interrupts: int = 0
     proxy: dict[str, Any] = field(
         default_factory=lambda: {"in_flight": 0, "held": 0, "oldest_held_seconds": None}
     )
@@ -78,6 +103,15 @@ class World:
 
     def container(self, role: Role) -> FakeContainer:
         return self.llm if role == "llm" else self.image
+
+    def comfy_process_started(self) -> None:
+        """A new ComfyUI process: empty queue and history (memory), same files (disk)."""
+        self.history.clear()
+        self.queue.clear()
+        self.head_since = None
+
+    def duplicates(self) -> dict[str, int]:
+        return {k: n for k, n in self.executions.items() if n > 1}
 
 
 class FakeContainers:
@@ -95,27 +129,50 @@ class FakeContainers:
             exit_code=c.exit_code,
             health="none",
             error="",
+            started_at=c.started_at,
         )
 
-    async def start(self, role: Role) -> None:
-        self.w.calls.append(f"start {role}")
+    def _really_start(self, role: Role) -> None:
         c = self.w.container(role)
+        if c.start_fails:
+            raise DockerError(
+                f"Docker Engine POST /containers/{role}/start answered 500: "
+                "error gathering device information",
+                500,
+            )
         c.running = True
         c.oom_killed = False
+        c.starts += 1
         if role == "llm" and self.w.llm_fails_start:
             c.running = False
             c.exit_code = 1
             c.logs = self.w.llm_fails_start
         if role == "image":
-            self.w.history.clear()  # ComfyUI keeps its history in memory only
-            self.w.queue.clear()
+            self.w.comfy_process_started()
+            if c.exits_at_start:
+                c.running = False
+                c.exit_code = 1
+
+    async def start(self, role: Role) -> None:
+        self.w.calls.append(f"start {role}")
+        if self.w.container(role).running:
+            return  # 304: starting a running container does nothing
+        self._really_start(role)
 
     async def stop(self, role: Role, timeout_seconds: int) -> None:
         self.w.calls.append(f"stop {role}")
         c = self.w.container(role)
         if c.stop_fails:
             raise DockerError(f"Docker Engine POST /containers/{role}/stop answered 500: boom", 500)
+        c.running = False  # 304 when it was stopped already: nothing changes
+
+    async def restart(self, role: Role, timeout_seconds: int) -> None:
+        self.w.calls.append(f"restart {role}")
+        c = self.w.container(role)
+        if c.stop_fails:
+            raise DockerError(f"Docker Engine POST /containers/{role}/restart answered 500", 500)
         c.running = False
+        self._really_start(role)
 
     async def logs_tail(self, role: Role, lines: int = 50) -> str:
         return self.w.container(role).logs
@@ -166,20 +223,66 @@ class FakeComfy:
     def __init__(self, world: World) -> None:
         self.w = world
 
-    def _up(self) -> None:
+    async def _arrive(self, call: str) -> None:
+        """The call's latency passes (prompts run meanwhile), then the server answers."""
+        low, high = self.w.latency
+        if high > 0:
+            await self.w.clock.sleep(self.w.rng.uniform(low, high))
         if not self.w.image.running:
             raise Unavailable("connection refused")
+        self._run()
+        if self.w.garbage_next.get(call):
+            self.w.garbage_next[call] -= 1
+            raise Unavailable(f"{call} answered no JSON: b'<html>Bad Gateway'")
+
+    def _run(self) -> None:
+        """Finish the prompts whose time has come: out of the queue, into the history."""
+        w = self.w
+        now = w.clock.now()
+        while w.queue:
+            if w.head_since is None:
+                w.head_since = now
+            done_at = w.head_since + w.durations.get(w.queue[0], w.job_seconds)
+            if now < done_at:
+                return
+            pid = w.queue.pop(0)
+            w.history[pid] = self._finished(pid)
+            w.head_since = done_at if w.queue else None
+
+    def _finished(self, prompt_id: str) -> dict[str, Any]:
+        if self.w.error_next:
+            message = self.w.error_next.pop(0)
+            return _error_entry(prompt_id, "execution_error", message)
+        outputs: dict[str, Any] = {}
+        for node_id, node in self.w.prompts[prompt_id].items():
+            prefix = node.get("inputs", {}).get("filename_prefix")
+            if node.get("class_type") != "SaveImage" or not isinstance(prefix, str):
+                continue
+            subfolder, _, stem = prefix.rpartition("/")
+            counter = 1 + sum(
+                1 for sub, name in self.w.files if sub == subfolder and name.startswith(stem + "_")
+            )
+            filename = f"{stem}_{counter:05}_.png"
+            self.w.files[(subfolder, filename)] = PNG + filename.encode()
+            self.w.executions[subfolder] += 1
+            outputs[node_id] = {
+                "images": [{"filename": filename, "subfolder": subfolder, "type": "output"}]
+            }
+        return {
+            "status": {"status_str": "success", "completed": True, "messages": []},
+            "outputs": outputs,
+        }
 
     async def ready(self) -> bool:
         return self.w.image.running
 
     async def upload_image(self, name: str, data: bytes) -> str:
-        self._up()
+        await self._arrive("upload")
         self.w.uploads[name] = data
         return name
 
     async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str:
-        self._up()
+        await self._arrive("prompt")
         self.w.submissions += 1
         if self.w.die_on_submit:
             self.w.die_on_submit -= 1
@@ -190,58 +293,62 @@ class FakeComfy:
             detail, self.w.reject_next = self.w.reject_next, None
             raise Rejected("POST /prompt answered 400", detail)
         self.w.prompts[prompt_id] = workflow
+        if self.w.hang_next:
+            self.w.hang_next -= 1
+            self.w.durations[prompt_id] = float("inf")
+        elif self.w.job_seconds_range is not None:
+            self.w.durations[prompt_id] = self.w.rng.uniform(*self.w.job_seconds_range)
         self.w.queue.append(prompt_id)
+        self._run()
+        hook, self.w.after_submit = self.w.after_submit, None
+        if hook is not None:
+            hook(prompt_id)
         return prompt_id
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
-        self._up()
-        if prompt_id in self.w.queue:
-            n = self.w._polls.get(prompt_id, 0) + 1
-            self.w._polls[prompt_id] = n
-            if n >= self.w.polls_to_finish:
-                self.w.queue.remove(prompt_id)
-                self.w.history[prompt_id] = self._finished(prompt_id)
+        await self._arrive("history")
         return self.w.history.get(prompt_id)
 
-    def _finished(self, prompt_id: str) -> dict[str, Any]:
-        if self.w.error_next:
-            message = self.w.error_next.pop(0)
-            return {
-                "status": {
-                    "status_str": "error",
-                    "completed": False,
-                    "messages": [
-                        ["execution_start", {"prompt_id": prompt_id}],
-                        [
-                            "execution_error",
-                            {
-                                "prompt_id": prompt_id,
-                                "node_id": "2",
-                                "node_type": "KSampler",
-                                "exception_message": message,
-                                "exception_type": "RuntimeError",
-                            },
-                        ],
-                    ],
-                },
-                "outputs": {},
-            }
-        return {
-            "status": {"status_str": "success", "completed": True, "messages": []},
-            "outputs": {
-                "2": {
-                    "images": [{"filename": f"{prompt_id}.png", "subfolder": "", "type": "output"}]
-                }
-            },
-        }
-
     async def in_queue(self, prompt_id: str) -> bool:
-        self._up()
+        await self._arrive("queue")
         return prompt_id in self.w.queue
 
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes:
-        self._up()
-        return PNG + filename.encode()
+        await self._arrive("view")
+        data = self.w.files.get((subfolder, filename))
+        if data is None:
+            raise Rejected("GET /view answered 404", None, 404)
+        return data
+
+    async def saved(self, filename: str, subfolder: str) -> bytes | None:
+        await self._arrive("view")
+        return self.w.files.get((subfolder, filename))
+
+    async def interrupt(self) -> None:
+        await self._arrive("interrupt")
+        self.w.interrupts += 1
+        if self.w.queue:
+            pid = self.w.queue.pop(0)
+            self.w.history[pid] = _error_entry(pid, "execution_interrupted", "")
+            self.w.head_since = None
+
+    async def clear_queue(self) -> None:
+        await self._arrive("queue_clear")
+        del self.w.queue[1:]  # the running prompt stays: only /interrupt stops it
+
+
+def _error_entry(prompt_id: str, kind: str, message: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"prompt_id": prompt_id, "node_id": "2", "node_type": "KSampler"}
+    if kind == "execution_error":
+        data.update(exception_message=message, exception_type="RuntimeError")
+    return {
+        "status": {
+            "status_str": "error",
+            "completed": False,
+            "messages": [["execution_start", {"prompt_id": prompt_id}], [kind, data]],
+        },
+        "outputs": {},
+    }
 
 
 class FakeProxy:

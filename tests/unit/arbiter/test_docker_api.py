@@ -28,6 +28,7 @@ INSPECT: dict[str, Any] = {
         "OOMKilled": True,
         "ExitCode": 137,
         "Error": "",
+        "StartedAt": "2026-12-01T10:00:00.000000001Z",
         "Health": {"Status": "unhealthy"},
     },
 }
@@ -69,6 +70,11 @@ class Engine(BaseHTTPRequestHandler):
                 self._send(200, [])
         elif url.path == "/v1.41/containers/abc123/json":
             self._send(200, INSPECT)
+        elif url.path == "/v1.41/containers/garbage/json":
+            self._send(200, raw=b"<html>502 Bad Gateway</html>")
+        elif url.path == "/v1.41/containers/nothttp/json":
+            self.wfile.write(b"\x00\x01 not HTTP at all\r\n\r\n")
+            self.close_connection = True
         elif url.path == "/v1.41/containers/abc123/logs":
             line = b"ValueError: Free memory on device\n"
             self._send(200, raw=b"\x02\x00\x00\x00" + len(line).to_bytes(4, "big") + line)
@@ -86,6 +92,9 @@ class Engine(BaseHTTPRequestHandler):
             was = self.running["abc123"]
             self.running["abc123"] = False
             self._send(204 if was else 304)
+        elif url.path == "/v1.41/containers/abc123/restart":
+            self.running["abc123"] = True  # restarted whether it ran or not
+            self._send(204)
         else:
             self._send(500, {"message": "server error"})
 
@@ -115,6 +124,7 @@ def test_find_and_inspect(docker: DockerClient) -> None:
         exit_code=137,
         health="unhealthy",
         error="",
+        started_at="2026-12-01T10:00:00.000000001Z",
     )
 
 
@@ -146,6 +156,30 @@ def test_errors_name_the_call(docker: DockerClient, call: Any, message: str) -> 
     with pytest.raises(DockerError) as info:
         call(docker)
     assert str(info.value) == message
+
+
+def test_restart_restarts_whatever_the_state(docker: DockerClient) -> None:
+    docker.start("abc123")
+    docker.restart("abc123", 9)
+    assert ("POST", "/v1.41/containers/abc123/restart?t=9") in Engine.requests
+    with pytest.raises(DockerError, match="^Docker Engine POST /containers/nope/restart answered"):
+        docker.restart("nope", 1)
+
+
+@pytest.mark.parametrize(
+    ("container", "message"),
+    [
+        ("garbage", "Docker Engine GET /containers/garbage/json answered no JSON: b'<html>502"),
+        ("nothttp", "Docker Engine at "),
+    ],
+)
+def test_garbage_answers_are_docker_errors(
+    docker: DockerClient, container: str, message: str
+) -> None:
+    """Not a ValueError that would escape the engine's Docker handling."""
+    with pytest.raises(DockerError) as info:
+        docker.inspect(container)
+    assert str(info.value).startswith(message)
 
 
 def test_logs_are_demultiplexed(docker: DockerClient) -> None:

@@ -35,7 +35,8 @@ async def test_three_jobs_swap_run_and_hand_back(tmp_path: Path) -> None:
         assert job is not None
         assert (job.state, job.outputs, job.attempts) == (JobState.DONE, 1, 1)
         out = tmp_path / "data" / "jobs" / job_id / "outputs" / "0.png"
-        assert out.read_bytes() == PNG + f"{job.prompt_id}.png".encode()
+        assert out.read_bytes() == PNG + b"s0_00001_.png"
+        assert world.files[(f"cardshare/{job_id}", "s0_00001_.png")] == out.read_bytes()
     # the workflow points at the uploaded input under its unique name
     uploaded = f"cardshare-{ids[0]}-in.png"
     assert world.uploads[uploaded] == PNG
@@ -133,7 +134,11 @@ async def test_comfy_dies_mid_job_is_restarted_and_job_retried(tmp_path: Path) -
     job = engine.store.job(job_id)
     assert job is not None
     assert (job.state, job.attempts) == (JobState.DONE, 2)
-    assert world.calls.count("start image") == 2
+    # restart means restart: a new start time, whatever the container's state was
+    assert world.calls.count("start image") == 1
+    assert world.calls.count("restart image") == 1
+    assert world.image.starts == 2
+    assert world.duplicates() == {}
 
 
 async def test_comfy_dies_every_time_gives_up_after_max_attempts(tmp_path: Path) -> None:
@@ -249,7 +254,7 @@ async def test_vllm_start_failures_are_classified(
 
 async def test_max_image_seconds_hands_back_between_jobs(tmp_path: Path) -> None:
     world = World(FakeClock())
-    world.polls_to_finish = 5  # each job takes about 5 s
+    world.job_seconds = 4.5  # each job takes about 5 s
     engine = make_engine(tmp_path, world, idle_seconds=1.0, max_image_seconds=8.0)
     ids = submit(engine, 4)
     await run_until(engine, lambda e: e.state.phase is Phase.STOP_IMAGE)
@@ -296,6 +301,6 @@ async def test_swap_timings_split_waited_and_own(tmp_path: Path) -> None:
 def test_decode_inputs_rejects_paths() -> None:
     from cardshare.arbiter.engine import decode_inputs
 
-    with pytest.raises(ValueError, match=r"^input name '../x.png' must be a plain file name$"):
+    with pytest.raises(ValueError, match=r"^input name '../x.png' must be a plain file name: "):
         decode_inputs({"../x.png": base64.b64encode(PNG).decode()})
     assert decode_inputs({"a.png": base64.b64encode(PNG).decode()}) == {"a.png": PNG}

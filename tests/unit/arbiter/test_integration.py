@@ -76,10 +76,19 @@ def comfy_app(world: World) -> web.Application:
             )
         pid = body["prompt_id"]
         world.prompts[pid] = body["prompt"]
+        # saved as ComfyUI names it: <prefix>_<counter:05>_.png under the prefix's subfolder
+        subfolder, _, stem = body["prompt"]["2"]["inputs"]["filename_prefix"].rpartition("/")
+        if world.hang_next:  # runs until interrupted
+            world.hang_next -= 1
+            world.queue.append(pid)
+            return web.json_response({"prompt_id": pid, "number": 1, "node_errors": {}})
+        filename = f"{stem}_00001_.png"
+        world.files[(subfolder, filename)] = PNG + filename.encode()
+        world.executions[subfolder] += 1
         world.history[pid] = {
             "status": {"status_str": "success", "completed": True, "messages": []},
             "outputs": {
-                "2": {"images": [{"filename": f"{pid}.png", "subfolder": "", "type": "output"}]}
+                "2": {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}]}
             },
         }
         return web.json_response({"prompt_id": pid, "number": 1, "node_errors": {}})
@@ -91,11 +100,37 @@ def comfy_app(world: World) -> web.Application:
 
     async def queue(_: web.Request) -> web.Response:
         down()
-        return web.json_response({"queue_running": [], "queue_pending": []})
+        running = [[0, pid, {}, {}, []] for pid in world.queue[:1]]
+        pending = [[n, pid, {}, {}, []] for n, pid in enumerate(world.queue[1:], 1)]
+        return web.json_response({"queue_running": running, "queue_pending": pending})
+
+    async def queue_post(request: web.Request) -> web.Response:
+        down()
+        if (await request.json()).get("clear"):
+            del world.queue[1:]
+        return web.Response()
+
+    async def interrupt(_: web.Request) -> web.Response:
+        down()
+        world.interrupts += 1
+        if world.queue:
+            pid = world.queue.pop(0)
+            world.history[pid] = {
+                "status": {
+                    "status_str": "error",
+                    "completed": False,
+                    "messages": [["execution_interrupted", {"prompt_id": pid}]],
+                },
+                "outputs": {},
+            }
+        return web.Response()
 
     async def view(request: web.Request) -> web.Response:
         down()
-        return web.Response(body=PNG + request.query["filename"].encode(), content_type="image/png")
+        data = world.files.get((request.query["subfolder"], request.query["filename"]))
+        if data is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=data, content_type="image/png")
 
     app = web.Application()
     app.router.add_get("/object_info", object_info)
@@ -103,6 +138,8 @@ def comfy_app(world: World) -> web.Application:
     app.router.add_post("/prompt", prompt)
     app.router.add_get("/history/{pid}", history)
     app.router.add_get("/queue", queue)
+    app.router.add_post("/queue", queue_post)
+    app.router.add_post("/interrupt", interrupt)
     app.router.add_get("/view", view)
     return app
 
@@ -182,13 +219,14 @@ async def test_three_jobs_done_outputs_downloadable_back_to_llm(rig: Rig) -> Non
     await rig.wait_for(lambda: rig.engine.store.queue_length() == 0)
     await rig.wait_for(lambda: rig.engine.mode.value == "llm")
     for job_id in ids:
-        doc = await (await rig.client.get(f"/v1/jobs/{job_id}")).json()
+        doc = await (await rig.client.get(f"/v1/jobs/{job_id}", headers=AUTH)).json()
         assert (doc["state"], doc["attempts"], doc["outputs"]) == (
             "done",
             1,
             [f"/v1/jobs/{job_id}/outputs/0"],
         )
-        png = await rig.client.get(doc["outputs"][0])
+        assert (await rig.client.get(doc["outputs"][0])).status == 401  # outputs need the token
+        png = await rig.client.get(doc["outputs"][0], headers=AUTH)
         assert png.content_type == "image/png"
         assert (await png.read()).startswith(PNG)
     mode = await (await rig.client.get("/v1/mode")).json()
@@ -224,7 +262,7 @@ async def test_veto_blocks_swap_until_it_ends(rig: Rig) -> None:
     ]
     rig.world.others.clear()
     await rig.wait_for(lambda: rig.engine.store.queue_length() == 0)
-    doc = await (await rig.client.get(f"/v1/jobs/{job_id}")).json()
+    doc = await (await rig.client.get(f"/v1/jobs/{job_id}", headers=AUTH)).json()
     assert doc["state"] == "done"
 
 
@@ -255,10 +293,12 @@ async def test_veto_blocks_swap_until_it_ends(rig: Rig) -> None:
             AUTH,
             {"workflow": WORKFLOW, "inputs": {"a/b.png": "AA=="}},
             400,
-            "input name 'a/b.png' must be a plain file name",
+            "input name 'a/b.png' must be a plain file name: no path separator, no control "
+            "character or lone surrogate, at most 200 bytes",
         ),
         ("POST", "/v1/jobs", AUTH, {"workflow": WORKFLOW, "pad": "x" * 5000}, 413, None),
-        ("GET", "/v1/jobs/nope", {}, None, 404, "no such job"),
+        ("GET", "/v1/jobs/nope", AUTH, None, 404, "no such job"),
+        ("GET", "/v1/jobs/nope", {}, None, 401, "missing or wrong bearer token"),
     ],
 )
 async def test_api_errors(
@@ -285,7 +325,9 @@ async def test_cancel_queued_job_then_conflict(rig: Rig) -> None:
     assert (first.status, (await first.json())["state"]) == (200, "cancelled")
     second = await rig.client.delete(f"/v1/jobs/{job_id}", headers=AUTH)
     assert second.status == 409
-    assert await second.json() == {"error": "job is cancelled: only a queued job can be cancelled"}
+    assert await second.json() == {
+        "error": "job is cancelled: it has ended and cannot be cancelled"
+    }
 
 
 async def test_multipart_submission(rig: Rig) -> None:
@@ -315,3 +357,133 @@ async def test_recorder_file_source_runs_fresh_scan(tmp_path: Path) -> None:
 
     with pytest.raises(CardDataError, match=r"^fresh scan .* exited 1: no root$"):
         await failing.read(newer_than=10_000.0)
+
+
+# -- issue: the smaller items, through real HTTP ---------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, not ValueError
+
+
+@pytest.mark.parametrize(
+    ("body", "error_start"),
+    [
+        (
+            {"workflow": WORKFLOW, "inputs": {"in\r\nX-Injected: 1.png": "AA=="}},
+            "input name 'in\\r\\nX-Injected: 1.png' must be a plain file name",
+        ),
+        (
+            {"workflow": WORKFLOW, "inputs": {"in\x00.png": "AA=="}},
+            "input name 'in\\x00.png' must be a plain file name",
+        ),
+        (
+            {"workflow": WORKFLOW, "inputs": {"x" * 201: "AA=="}},
+            f"input name '{'x' * 77}",
+        ),
+        (
+            {"workflow": {"1": {"class_type": "PreviewImage", "inputs": {}}}},
+            "workflow has no save node (SaveImage, or a node with a filename_prefix input)",
+        ),
+        (
+            {"workflow": {**WORKFLOW, "3": {"class_type": "X", "inputs": {"a": [[[[[]]]]] * 1}}}},
+            None,
+        ),
+    ],
+    ids=["crlf-name", "nul-name", "long-name", "no-save-node", "shallow-ok"],
+)
+async def test_bad_submissions_are_400_and_leave_nothing(
+    rig: Rig, body: Any, error_start: str | None
+) -> None:
+    rig.world.others.append(CardClient("plex", 1, ()))  # keep jobs queued
+    resp = await rig.client.post("/v1/jobs", json=body, headers=AUTH)
+    if error_start is None:
+        assert resp.status == 201
+        return
+    assert resp.status == 400
+    assert (await resp.json())["error"].startswith(error_start)
+    jobs = rig.engine.config.data_dir / "jobs"
+    assert not jobs.exists() or list(jobs.iterdir()) == []
+
+
+async def test_lone_surrogate_and_deep_nesting_are_400(rig: Rig) -> None:
+    raw = b'{"workflow": {"1": {"class_type": "SaveImage", "inputs": {"t": "\\ud800"}}}}'
+    resp = await rig.client.post(
+        "/v1/jobs", data=raw, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert (resp.status, (await resp.json())["error"][:50]) == (
+        400,
+        "workflow holds a string with a lone surrogate or a",
+    )
+    nested: Any = {"class_type": "SaveImage", "inputs": {}}
+    for _ in range(40):
+        nested = {"a": nested}
+    resp = await rig.client.post("/v1/jobs", json={"workflow": {"1": nested}}, headers=AUTH)
+    assert (resp.status, (await resp.json())["error"]) == (
+        400,
+        "workflow is nested deeper than 32 levels",
+    )
+    # deeply nested JSON text within the size bound: json.loads raises RecursionError
+    deep = DEEP[: rig.engine.config.max_payload_bytes // 2]
+    resp = await rig.client.post(
+        "/v1/jobs", data=deep, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert resp.status == 400
+
+
+async def test_status_names_jobs_only_with_the_token(rig: Rig) -> None:
+    rig.world.hang_next = 1
+    resp = await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
+    job_id = (await resp.json())["id"]
+    await rig.wait_for(lambda: rig.engine.current_job == job_id)
+    public = await (await rig.client.get("/v1/status")).json()
+    assert (public["job_running"], public["current_job"]) == (True, None)
+    private = await (await rig.client.get("/v1/status", headers=AUTH)).json()
+    assert private["current_job"] == job_id
+    assert private["engine"]["alive"] and private["engine"]["healthy"]
+    # cancel the running job: 202, its prompt interrupted, then cancelled
+    resp = await rig.client.delete(f"/v1/jobs/{job_id}", headers=AUTH)
+    assert (resp.status, (await resp.json())["cancel_requested"]) == (202, True)
+    await rig.wait_for(lambda: rig.engine.store.queue_length() == 0)
+    doc = await (await rig.client.get(f"/v1/jobs/{job_id}", headers=AUTH)).json()
+    assert (doc["state"], doc["reason"]) == ("cancelled", "cancelled by request while running")
+
+
+async def test_health_follows_the_engine(rig: Rig) -> None:
+    resp = await rig.client.get("/v1/health")
+    assert (resp.status, (await resp.json())["healthy"]) == (200, True)
+    rig.engine.heartbeat -= 10_000
+    resp = await rig.client.get("/v1/health")
+    assert resp.status == 503
+    assert (await resp.json())["health"].startswith("the engine's heartbeat is ")
+    metrics = await (await rig.client.get("/metrics")).text()
+    assert "cardshare_arbiter_engine_up 1" in metrics
+    assert 'cardshare_arbiter_faults_total{kind="engine_error"} 0' in metrics
+
+
+async def test_hold_blocks_swaps_and_is_refused_mid_image(rig: Rig) -> None:
+    body = {"seconds": 60, "holder": "comfyui-probe"}
+    assert (await rig.client.post("/v1/hold", json=body)).status == 401
+    resp = await rig.client.post("/v1/hold", json=body, headers=AUTH)
+    assert resp.status == 200
+    assert (await resp.json())["holder"] == "comfyui-probe"
+    await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
+    await rig.wait_for(lambda: rig.engine.last_decision.reasons[:1] != ("not evaluated yet",))
+    await asyncio.sleep(0.5)
+    assert rig.engine.mode.value == "llm"
+    assert "swaps are held by comfyui-probe" in rig.engine.last_decision.reasons
+    assert (await rig.client.delete("/v1/hold", headers=AUTH)).status == 200
+    assert (await rig.client.delete("/v1/hold", headers=AUTH)).status == 404
+    rig.world.hang_next = 1
+    await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
+    await rig.wait_for(lambda: rig.engine.current_job is not None)
+    resp = await rig.client.post("/v1/hold", json=body, headers=AUTH)
+    assert (resp.status, (await resp.json())["mode"]) == (409, "image")
+    for bad in ({"seconds": 0, "holder": "x"}, {"seconds": 60, "holder": ""}, []):
+        assert (await rig.client.post("/v1/hold", json=bad, headers=AUTH)).status == 400
+
+
+async def test_storage_problem_refuses_jobs_with_503(rig: Rig) -> None:
+    rig.engine.alerts["storage"] = "/data has 1 MiB free"
+    resp = await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
+    assert resp.status == 503
+    assert resp.headers["Retry-After"] == "1"
+    assert (await resp.json())["error"] == "the arbiter cannot store jobs now: /data has 1 MiB free"

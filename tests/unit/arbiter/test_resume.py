@@ -60,18 +60,20 @@ RUNNING: dict[str, Any] = {"status": {"status_str": None, "completed": False}, "
     ("prompt_id", "history", "in_queue", "expected"),
     [
         (None, None, False, JobStep.NEW_ATTEMPT),
-        ("p1", None, False, JobStep.SUBMIT_SAME),
+        ("p1", None, False, JobStep.LOOK_ON_DISK),
         ("p1", None, True, JobStep.POLL),
         ("p1", RUNNING, False, JobStep.POLL),
         ("p1", DONE, False, JobStep.FETCH_OUTPUTS),
         ("p1", ERROR, False, JobStep.FAILED),
+        # the queue read first decides: a prompt still queued is polled, whatever else
+        ("p1", DONE, True, JobStep.POLL),
     ],
-    ids=["none", "never-seen", "queued", "running", "done", "error"],
+    ids=["none", "in-neither", "queued", "running", "done", "error", "queue-first"],
 )
 def test_plan_job_step(
     prompt_id: str | None, history: dict[str, Any] | None, in_queue: bool, expected: JobStep
 ) -> None:
-    assert plan_job_step(prompt_id, history, in_queue) is expected
+    assert plan_job_step(prompt_id, in_queue, history) is expected
 
 
 def _persist(engine: Any, path: list[Phase]) -> None:
@@ -105,7 +107,9 @@ async def test_killed_during_a_job_never_runs_it_twice(
             "status": {"status_str": "success", "completed": True, "messages": []},
             "outputs": {"2": {"images": [{"filename": "x.png", "type": "output"}]}},
         }
+        world.files[("", "x.png")] = PNG
     elif comfy_history == "queued":
+        world.prompts["prompt-1"] = await engine._prepare(job)
         world.queue.append("prompt-1")
     engine.store.close()
 

@@ -1,0 +1,77 @@
+"""``python -m cardshare.arbiter``: the token file's mode, a damaged database, and an engine
+loop that ends by itself (the process exits non-zero so the container restarts)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cardshare.arbiter import __main__ as arbiter_main
+from cardshare.arbiter.config import ConfigError, load_config
+from cardshare.arbiter.engine import Engine
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _config_file(tmp_path: Path, token_mode: int = 0o600) -> Path:
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    token.chmod(token_mode)
+    path = tmp_path / "arbiter.json"
+    path.write_text(
+        json.dumps(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "vllm_url": "http://127.0.0.1:9",
+                "served_model_name": "m",
+                "comfyui_url": "http://127.0.0.1:9",
+                "card_current_json": str(tmp_path / "current.json"),
+                "token_file": str(token),
+                "docker_socket": str(tmp_path / "no-docker.sock"),
+                "listen_port": _free_port(),
+            }
+        )
+    )
+    return path
+
+
+def test_world_readable_token_file_is_refused(tmp_path: Path) -> None:
+    config = load_config(_config_file(tmp_path, token_mode=0o644))
+    with pytest.raises(ConfigError) as info:
+        arbiter_main.read_token(config)
+    assert str(info.value) == (
+        f"config key 'token_file' has value {str(tmp_path / 'token')!r}: the file has mode 0644, "
+        f"readable by others than its owner; chmod 600 {tmp_path / 'token'}"
+    )
+    assert arbiter_main.main(["--config", str(_config_file(tmp_path, 0o640))]) == 2
+
+
+def test_empty_database_stops_the_arbiter_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _config_file(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / arbiter_main.DB_NAME).write_bytes(b"")
+    assert arbiter_main.main(["--config", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "is empty (0 bytes): it is kept for inspection" in err
+    assert (tmp_path / "data" / arbiter_main.DB_NAME).stat().st_size == 0
+
+
+def test_engine_loop_that_ends_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def dies(self: Engine, stop: Any) -> None:
+        raise RuntimeError("the loop broke")
+
+    monkeypatch.setattr(Engine, "run", dies)
+    assert arbiter_main.main(["--config", str(_config_file(tmp_path))]) == 1
+    assert "the engine's loop ended: RuntimeError: the loop broke" in caplog.text
