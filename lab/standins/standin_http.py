@@ -6,13 +6,42 @@ streams (Server-Sent Events) use chunked transfer encoding and are flushed per e
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["Handler", "StandinServer", "serve_in_thread"]
+__all__ = ["BadChunkedBody", "Handler", "StandinServer", "read_chunked", "serve_in_thread"]
+
+
+class BadChunkedBody(Exception):
+    """A ``Transfer-Encoding: chunked`` request body that does not parse."""
+
+
+def read_chunked(stream: io.BufferedIOBase, limit: int = 256 * 1024**2) -> bytes:
+    """Read a chunked request body (RFC 9112 7.1); chunk extensions and trailers are dropped."""
+    body = bytearray()
+    while True:
+        line = stream.readline(1024)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BadChunkedBody(f"bad chunk size line {line[:40]!r}") from None
+        if size < 0 or not line.endswith(b"\n"):
+            raise BadChunkedBody(f"bad chunk size line {line[:40]!r}")
+        if size == 0:
+            break
+        if len(body) + size > limit:
+            raise BadChunkedBody("request body too large")
+        chunk = stream.read(size)
+        if len(chunk) != size or stream.readline(3) not in (b"\r\n", b"\n"):
+            raise BadChunkedBody("chunk cut short")
+        body += chunk
+    while stream.readline(8192) not in (b"\r\n", b"\n", b""):
+        pass  # trailer fields
+    return bytes(body)
 
 
 class StandinServer(ThreadingHTTPServer):

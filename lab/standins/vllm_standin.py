@@ -12,11 +12,18 @@ OpenAI-shaped API with canned text:
   ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
   connections are refused, as with the real server while it loads the model.
-* ``GET /health`` (200 empty; 503 once the engine is "dead": ``POST /cardshare-sim/kill-engine``
-  or ``SIGUSR1``), ``GET /v1/models`` (with ``max_model_len``), ``GET /version``,
-  ``POST /v1/chat/completions`` and ``/v1/completions`` (``stream`` true/false, SSE chunks
-  and ``data: [DONE]``, ``max_tokens``, tool-call shaped replies), ``GET /metrics``
-  (Prometheus text with vLLM's metric names and true counts).
+* ``GET /health`` and ``GET|POST /ping`` (200 empty; 503 once the engine is "dead":
+  ``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``), ``GET /v1/models`` (with
+  ``max_model_len``), ``GET /version``, ``POST /v1/chat/completions`` and ``/v1/completions``
+  (``stream`` true/false, SSE chunks and ``data: [DONE]``, ``max_tokens``, tool-call shaped
+  replies), ``POST /tokenize`` and ``/detokenize`` (vLLM's shapes), ``GET /metrics``
+  (Prometheus text with vLLM's metric names and true counts).  Request bodies may come with
+  ``Content-Length`` or ``Transfer-Encoding: chunked``.
+* the stand-in's tokenizer: a token is a word with the whitespace before it (special tokens
+  such as ``<|im_start|>`` alone, at Qwen2's ids); other ids are numbered as pieces are first
+  seen, so ``/detokenize`` inverts ``/tokenize`` for the server's lifetime.  Chat prompts
+  are rendered with a ChatML template first.  Usage counts and the context check use the
+  same tokens ``/tokenize`` returns.
 * while it runs it is a client of the simulated card (``simcard.py``): resident VRAM =
   utilisation x total, ``ccs``/``rcs`` cycles advancing while requests run.
 
@@ -31,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,13 +53,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simcard import SimClient
-from standin_http import Handler, StandinServer, serve_in_thread
+from standin_http import BadChunkedBody, Handler, StandinServer, read_chunked, serve_in_thread
 
 __all__ = [
     "ENGINE_COMM",
     "Engine",
     "Settings",
     "StartupError",
+    "Vocabulary",
     "build_parser",
     "context_error",
     "derived_max_model_len",
@@ -61,7 +70,10 @@ __all__ = [
     "memory_error",
     "parse_args",
     "prepare",
+    "read_chunked",
+    "render_chat",
     "reply_tokens",
+    "split_tokens",
 ]
 
 VERSION = "0.21.0+standin (SIMULATION)"
@@ -109,6 +121,12 @@ QUANTIZATIONS = (
 )
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 REPLY = "This is a simulated reply from the cardshare lab stand-in for vLLM ."
+SPECIAL_TOKENS: dict[str, int] = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+}
+_PIECE = re.compile(r"<\|[a-z_]+\|>|\s*(?:(?!<\|[a-z_]+\|>)\S)+|\s+")
 
 
 class StartupError(Exception):
@@ -319,9 +337,15 @@ def reply_tokens(max_tokens: int | None) -> tuple[list[str], str]:
     return tokens, "stop"
 
 
+def split_tokens(text: str) -> list[str]:
+    """The stand-in tokenizer: special tokens alone, else a word with the whitespace before
+    it (whitespace at the end is a token of its own).  ``"".join`` gives the text back."""
+    return _PIECE.findall(text)
+
+
 def count_tokens(text: str) -> int:
-    """A stand-in tokenizer: one token per whitespace-separated word (at least one)."""
-    return max(len(text.split()), 1)
+    """Prompt tokens of a completion request (at least one)."""
+    return max(len(split_tokens(text)), 1)
 
 
 def _message_text(content: Any) -> str:
@@ -332,8 +356,60 @@ def _message_text(content: Any) -> str:
     return ""
 
 
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """The stand-in's chat template (ChatML, as Qwen's)."""
+    parts = [
+        f"<|im_start|>{m.get('role', 'user')}\n{_message_text(m.get('content'))}<|im_end|>\n"
+        for m in messages
+    ]
+    if continue_final_message and parts:
+        parts[-1] = parts[-1].removesuffix("<|im_end|>\n")
+    elif add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
 def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
-    return sum(count_tokens(_message_text(m.get("content"))) + 3 for m in messages) + 1
+    """Prompt tokens of a chat request: its rendered template, tokenized."""
+    return len(split_tokens(render_chat(messages)))
+
+
+class Vocabulary:
+    """Token ids of the stand-in tokenizer: special tokens at Qwen2's ids, every other piece
+    numbered from 0 as first seen (so ids stay stable while the server runs)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ids: dict[str, int] = dict(SPECIAL_TOKENS)
+        self.pieces: dict[int, str] = {i: p for p, i in SPECIAL_TOKENS.items()}
+        self.next_id = 0
+        self.encode(REPLY)
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        with self.lock:
+            for piece in split_tokens(text):
+                if piece not in self.ids:
+                    while self.next_id in self.pieces:
+                        self.next_id += 1
+                    self.ids[piece] = self.next_id
+                    self.pieces[self.next_id] = piece
+                out.append(self.ids[piece])
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; an id the vocabulary lacks decodes to nothing."""
+        with self.lock:
+            return "".join(self.pieces.get(i, "") for i in ids)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Pieces as a byte-level BPE vocabulary prints them (``Ġ`` space, ``Ċ`` newline)."""
+        with self.lock:
+            return [self.pieces.get(i, "").replace(" ", "Ġ").replace("\n", "Ċ") for i in ids]
 
 
 # --------------------------------------------------------------------------- engine
@@ -354,6 +430,7 @@ class Engine:
         self.generation_tokens = 0
         self.tokens_in_flight = 0
         self.dead = False
+        self.vocabulary = Vocabulary()
 
     def kill(self) -> None:
         self.dead = True
@@ -448,10 +525,18 @@ class VllmHandler(Handler):
     def engine(self) -> Engine:
         return self.server.engine
 
+    def read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return read_chunked(self.rfile)
+        return super().read_body()
+
+    def _health(self) -> None:
+        self.send_bytes(503 if self.engine.dead else 200, b"", content_type="")
+
     def do_GET(self) -> None:
         path = self.path_only
-        if path == "/health":
-            self.send_bytes(503 if self.engine.dead else 200, b"", content_type="")
+        if path in ("/health", "/ping"):
+            self._health()
         elif path == "/v1/models":
             self._models()
         elif path == "/metrics":
@@ -464,37 +549,104 @@ class VllmHandler(Handler):
 
     def do_POST(self) -> None:
         path = self.path_only
+        try:
+            raw = self.read_body()
+        except BadChunkedBody:
+            self.close_connection = True  # as uvicorn: a plain 400, then the connection closes
+            body = b"Invalid HTTP request received."
+            self.send_bytes(400, body, "text/plain; charset=utf-8", {"Connection": "close"})
+            return
         if path == "/cardshare-sim/kill-engine":
             self.engine.kill()
             self.send_json(200, {"simulation": True, "engine": "dead"})
             return
-        if path not in ("/v1/chat/completions", "/v1/completions"):
+        if path == "/ping":
+            self._health()
+            return
+        routes = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
+        if path not in routes:
             self.send_json(404, {"detail": "Not Found"})
             return
-        if not self._authorised():
+        if path.startswith("/v1/") and not self._authorised():
             self.send_json(401, {"error": "Unauthorized"})
             return
         try:
-            request = self.read_json()
+            request = json.loads(raw) if raw else {}
         except ValueError as exc:
             self.send_json(400, _error(f"Invalid JSON: {exc}", "BadRequestError", 400))
             return
         if not isinstance(request, dict):
             self.send_json(400, _error("Request body must be an object", "BadRequestError", 400))
             return
+        if path in ("/tokenize", "/detokenize"):
+            self._tokenization(request, path == "/tokenize")
+            return
         if self.engine.dead:
             self.send_json(500, _error("EngineCore encountered an issue.", "EngineDeadError", 500))
             return
-        model = request.get("model")
-        if model is not None and model not in self.engine.settings.served_names:
-            message = f"The model `{model}` does not exist."
-            self.send_json(404, _error(message, "NotFoundError", 404, "model"))
+        if not self._model_ok(request):
             return
         chat = path == "/v1/chat/completions"
         plan = self._plan(request, chat)
         if plan is None:
             return
         self._generate(request, plan, chat)
+
+    def _model_ok(self, request: Mapping[str, Any]) -> bool:
+        model = request.get("model")
+        if model is not None and model not in self.engine.settings.served_names:
+            message = f"The model `{model}` does not exist."
+            self.send_json(404, _error(message, "NotFoundError", 404, "model"))
+            return False
+        return True
+
+    def _tokenization(self, request: Mapping[str, Any], tokenize: bool) -> None:
+        """``/tokenize`` (``prompt``, or chat ``messages``) and ``/detokenize`` (``tokens``)."""
+        if not self._model_ok(request):
+            return
+        vocabulary = self.engine.vocabulary
+        if not tokenize:
+            tokens = request.get("tokens")
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+            ):
+                message = "tokens: a list of non-negative integers is required"
+                self.send_json(400, _error(message, "BadRequestError", 400, "tokens"))
+                return
+            self.send_json(200, {"prompt": vocabulary.decode(tokens)})
+            return
+        if "messages" in request:
+            messages = request["messages"]
+            generation = request.get("add_generation_prompt", True)
+            continue_final = request.get("continue_final_message", False)
+            if generation and continue_final:
+                message = (
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+                self.send_json(400, _error(message, "BadRequestError", 400))
+                return
+            if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+                message = "messages: a list of messages is required"
+                self.send_json(400, _error(message, "BadRequestError", 400, "messages"))
+                return
+            text = render_chat(messages, bool(generation), bool(continue_final))
+        elif isinstance(request.get("prompt"), str):
+            text = request["prompt"]
+        else:
+            message = "prompt: a string is required (or messages for a chat prompt)"
+            self.send_json(400, _error(message, "BadRequestError", 400, "prompt"))
+            return
+        ids = vocabulary.encode(text)
+        strs = vocabulary.token_strs(ids) if request.get("return_token_strs") else None
+        self.send_json(
+            200,
+            {
+                "count": len(ids),
+                "max_model_len": self.engine.settings.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            },
+        )
 
     def _authorised(self) -> bool:
         key = self.engine.settings.api_key
@@ -525,7 +677,11 @@ class VllmHandler(Handler):
             return None
         if chat:
             messages = request.get("messages")
-            if not isinstance(messages, list) or not messages:
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, Mapping) for m in messages)
+            ):
                 self.send_json(
                     400, _error("messages must be a non-empty list", "BadRequestError", 400)
                 )

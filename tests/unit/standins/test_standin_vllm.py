@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import simcard
@@ -405,3 +408,133 @@ def test_dead_engine_fails_health(server: vs.VllmServer) -> None:
     assert request(port, "GET", "/health")[0] == 503
     body = {"messages": [{"role": "user", "content": "x"}]}
     assert request(port, "POST", "/v1/chat/completions", body)[0] == 500
+
+
+# ------------------------------------------------ request bodies and tokenization (issue 8)
+
+
+def post(port: int, path: str, body: dict[str, object]) -> Any:
+    """POST a JSON body; the decoded JSON answer."""
+    return json.loads(request(port, "POST", path, body)[2])
+
+
+def chunked(port: int, path: str, payload: object, pieces: int = 3) -> tuple[int, object]:
+    """POST ``payload`` with ``Transfer-Encoding: chunked`` (no Content-Length)."""
+    data = json.dumps(payload).encode()
+    step = max(len(data) // pieces, 1)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=iter([data[i : i + step] for i in range(0, len(data), step)]),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)  # fmt: skip
+    response = conn.getresponse()
+    body = json.loads(response.read())
+    conn.close()
+    return response.status, body
+
+
+def test_a_chunked_request_body_is_read(server: vs.VllmServer) -> None:
+    port = port_of(server)
+    status, reply = chunked(port, "/v1/completions", {"prompt": "a b c", "max_tokens": 2})
+    assert status == 200, reply
+    assert isinstance(reply, dict) and reply["usage"]["prompt_tokens"] == 3
+    messages = [{"role": "user", "content": "one two three"}]
+    status, reply = chunked(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    assert reply["usage"]["prompt_tokens"] == vs.chat_prompt_tokens(messages)
+    # the connection stays usable after a chunked body (keep-alive)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for _ in range(2):
+        conn.request("POST", "/tokenize", body=iter([b'{"prompt": ', b'"x y"}']),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)  # fmt: skip
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["count"]) == (200, 2)
+    conn.close()
+
+
+def test_a_broken_chunked_body_is_refused(server: vs.VllmServer) -> None:
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")  # fmt: skip
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
+
+
+def test_ping_is_health(server: vs.VllmServer) -> None:
+    port = port_of(server)
+    assert request(port, "GET", "/ping")[0::2] == (200, b"")
+    assert request(port, "POST", "/ping")[0::2] == (200, b"")
+    request(port, "POST", "/cardshare-sim/kill-engine")
+    assert request(port, "GET", "/ping")[0] == 503
+    assert request(port, "POST", "/ping")[0] == 503
+
+
+def test_tokenize_and_detokenize(server: vs.VllmServer) -> None:
+    port = port_of(server)
+    status, _, raw = request(
+        port, "POST", "/tokenize", {"model": "qwen", "prompt": "hello big world"}
+    )
+    reply = json.loads(raw)
+    assert status == 200
+    assert set(reply) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert (reply["count"], reply["max_model_len"], reply["token_strs"]) == (3, 4096, None)
+    tokens = reply["tokens"]
+    assert len(tokens) == 3 and all(isinstance(t, int) for t in tokens)
+    status, _, raw = request(port, "POST", "/detokenize", {"model": "qwen", "tokens": tokens})
+    assert (status, json.loads(raw)) == (200, {"prompt": "hello big world"})
+    # the same text gives the same ids; token strings as a byte-level BPE prints them
+    again = post(port, "/tokenize", {"prompt": "hello big world", "return_token_strs": True})
+    assert again["tokens"] == tokens
+    assert again["token_strs"] == ["hello", "Ġbig", "Ġworld"]
+    # the count is the one the server charges: completions usage and the context check
+    usage = post(port, "/v1/completions", {"prompt": "hello big world", "max_tokens": 1})["usage"]
+    assert usage["prompt_tokens"] == 3
+
+
+def test_tokenize_chat_messages_matches_chat_usage(server: vs.VllmServer) -> None:
+    port = port_of(server)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    reply = post(port, "/tokenize", {"messages": messages})
+    usage = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})["usage"]
+    assert reply["count"] == usage["prompt_tokens"] == vs.chat_prompt_tokens(messages)
+    text = json.loads(request(port, "POST", "/detokenize", {"tokens": reply["tokens"]})[2])
+    assert text["prompt"] == (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert 151644 in reply["tokens"]  # <|im_start|> at Qwen2's id
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404),
+        ("/detokenize", {"model": "gpt-4", "tokens": [1]}, 404),
+        ("/tokenize", {}, 400),
+        ("/tokenize", {"prompt": ["a", "b"]}, 400),
+        ("/detokenize", {"tokens": [-1]}, 400),
+        ("/detokenize", {"tokens": "1 2"}, 400),
+        (
+            "/tokenize",
+            {"messages": [], "add_generation_prompt": True, "continue_final_message": True},
+            400,
+        ),
+    ],
+)
+def test_tokenization_refusals(
+    server: vs.VllmServer, path: str, body: dict[str, object], status: int
+) -> None:
+    got, _, raw = request(port_of(server), "POST", path, body)
+    assert got == status
+    assert json.loads(raw)["error"]["code"] == status
+
+
+def test_detokenize_skips_unknown_ids(server: vs.VllmServer) -> None:
+    port = port_of(server)
+    tokens = json.loads(request(port, "POST", "/tokenize", {"prompt": "a b"})[2])["tokens"]
+    reply = json.loads(request(port, "POST", "/detokenize", {"tokens": [*tokens, 150000]})[2])
+    assert reply == {"prompt": "a b"}
+
+
+def test_split_tokens_round_trips() -> None:
+    for text in ("", "a", "  lead and trail  ", "x<|im_end|>\ny", "tab\tand\nnewline\n"):
+        assert "".join(vs.split_tokens(text)) == text
+    assert vs.split_tokens("x<|im_end|>\ny") == ["x", "<|im_end|>", "\ny"]
