@@ -92,6 +92,14 @@ def test_compose_file_is_managed_and_valid(host):
     assert host.run("docker compose --project-directory /opt/cardshare/comfyui config -q").rc == 0
 
 
+def test_the_probe_marked_the_container_it_proved(host):
+    """comfyui_probe auto probes a container until it has passed once: the mark names this one."""
+    mark = host.file("/opt/cardshare/comfyui/probe-passed")
+    assert mark.is_file
+    assert mark.user == "root"
+    assert mark.content_string.strip() == container(host)["Id"]
+
+
 @pytest.fixture
 def started(host):
     """Start the stopped container as the arbiter would, and stop it again afterwards."""
