@@ -2,8 +2,10 @@
 
 While the arbiter's mode is not ``llm`` it holds requests (bounded by a count and a time),
 retries refused connections while vLLM starts, streams responses through unbuffered and
-answers a clear 503 with ``Retry-After`` when a bound is hit, never a 502. ``/proxy/state``
-reports in-flight and held requests to the arbiter; ``/metrics`` speaks Prometheus text.
+answers a clear 503 with ``Retry-After`` when a bound is hit, never a 502. It decides on a
+request's head alone and leaves a held request's body unread until release; slow clients
+are cut off by :mod:`cardshare.serverguard`. ``/proxy/state`` reports in-flight and held
+requests (and their buffered body bytes) to the arbiter; ``/metrics`` speaks Prometheus text.
 
 Modules: ``config`` (settings, JSON file and CLI flags), ``rules`` (pure decisions: admission,
 retry backoff, header filtering, error bodies), ``mode`` (the arbiter's mode and its source),

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from cardshare.proxy.config import ConfigError, ProxyConfig, config_from_args
-from cardshare.proxy.server import Proxy, runner_kwargs
+from cardshare.proxy.server import Proxy
 
 
 async def serve(config: ProxyConfig) -> None:
     """Serve until SIGTERM or SIGINT."""
-    runner = web.AppRunner(Proxy(config).make_app(), **runner_kwargs())
+    runner = Proxy(config).make_runner()
     await runner.setup()
     site = web.TCPSite(runner, config.listen_host, config.listen_port, backlog=1024)
     await site.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -43,6 +44,13 @@ class ProxyConfig:
     pool_limit: int = 256
     #: Paths forwarded (and held); other paths that are not the proxy's own get a 404.
     proxied_path_prefixes: tuple[str, ...] = ("/v1/",)
+    #: A new client connection that has not sent a complete request head by then is closed.
+    header_timeout_seconds: float = 10.0
+    #: A request body must arrive within this time once the proxy reads it (408 otherwise);
+    #: the clock does not run while the request is held.
+    body_timeout_seconds: float = 30.0
+    #: An idle kept-alive client connection is closed after this time.
+    keepalive_timeout_seconds: float = 75.0
 
 
 class ConfigError(ValueError):
@@ -51,6 +59,8 @@ class ConfigError(ValueError):
 
 _POSITIVE = {"hold_max_seconds", "mode_poll_seconds", "pool_limit", "max_body_bytes"}
 _NON_NEGATIVE = {"hold_max_requests", "connect_retry_seconds", "retry_after_seconds"}
+#: Read timeouts of the client side (cardshare.serverguard): finite and > 0.
+_TIMEOUTS = {"header_timeout_seconds", "body_timeout_seconds", "keepalive_timeout_seconds"}
 
 
 def _check_type(key: str, value: Any, default: Any) -> Any:
@@ -91,6 +101,8 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
             raise ConfigError(f"{key} must be > 0, got {value!r}")
         if key in _NON_NEGATIVE and checked < 0:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
+        if key in _TIMEOUTS and not (math.isfinite(checked) and checked > 0):
+            raise ConfigError(f"{key} must be a finite number of seconds > 0, got {value!r}")
         values[key] = checked
     config = ProxyConfig(**values)
     if not 0 < config.listen_port < 65536:
@@ -143,6 +155,9 @@ def argument_parser() -> argparse.ArgumentParser:
         action="append",
         help="path prefix to forward (repeatable; replaces the default /v1/)",
     )
+    parser.add_argument("--header-timeout-seconds", dest="header_timeout_seconds", type=float)
+    parser.add_argument("--body-timeout-seconds", dest="body_timeout_seconds", type=float)
+    parser.add_argument("--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", type=float)
     parser.add_argument("--log-level", default="INFO")
     return parser
 

@@ -3,12 +3,14 @@
 Each held request owns a future that is resolved when the mode becomes ``llm``. Requests
 leave the queue when released (all at once, oldest first), when their time bound passes or
 when their client goes away; removal is O(1) so a disconnecting client never leaks an entry.
+Each may report how many bytes of its body are buffered while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -19,6 +21,8 @@ class Held:
     arrived: float
     future: asyncio.Future[None]
     ticket: int = field(default=0)
+    #: Bytes of its body buffered while it waits (unread by the proxy), if it can tell.
+    buffered: Callable[[], int] | None = None
 
 
 class HoldQueue:
@@ -31,9 +35,13 @@ class HoldQueue:
     def __len__(self) -> int:
         return len(self._held)
 
-    def add(self, arrived: float) -> Held:
-        """Hold a request that arrived at ``arrived`` (monotonic seconds)."""
-        held = Held(arrived, asyncio.get_running_loop().create_future(), next(self._tickets))
+    def add(self, arrived: float, buffered: Callable[[], int] | None = None) -> Held:
+        """Hold a request that arrived at ``arrived`` (monotonic seconds).
+
+        ``buffered`` tells how many bytes of its body are buffered at any moment.
+        """
+        future = asyncio.get_running_loop().create_future()
+        held = Held(arrived, future, next(self._tickets), buffered)
         self._held[held.ticket] = held
         return held
 
@@ -49,6 +57,10 @@ class HoldQueue:
             if not held.future.done():
                 held.future.set_result(None)
         return len(released)
+
+    def buffered_bytes(self) -> int:
+        """Body bytes buffered for all held requests together."""
+        return sum(h.buffered() for h in self._held.values() if h.buffered is not None)
 
     def oldest_age(self, now: float) -> float | None:
         """Seconds the oldest held request has waited, None when nothing is held."""

@@ -13,6 +13,7 @@ OUTCOMES = (
     "rejected_count",
     "rejected_time",
     "rejected_too_large",
+    "rejected_body_timeout",
     "rejected_stopping",
     "client_gone",
     "upstream_error",
@@ -73,6 +74,12 @@ class Gauges:
     oldest_held_seconds: float | None
     mode: str
     mode_source: str
+    #: Body bytes buffered for held requests.
+    held_body_bytes: int = 0
+    #: Client connections closed without a complete request head (counter).
+    header_timeouts: int = 0
+    #: Request bodies that did not arrive in time (counter).
+    body_timeouts: int = 0
 
 
 def render(counters: Counters, gauges: Gauges) -> str:
@@ -87,6 +94,9 @@ def render(counters: Counters, gauges: Gauges) -> str:
         f"# HELP {p}held Requests held while the card is not in llm mode.",
         f"# TYPE {p}held gauge",
         f"{p}held {gauges.held}",
+        f"# HELP {p}held_body_bytes Request body bytes buffered for held requests.",
+        f"# TYPE {p}held_body_bytes gauge",
+        f"{p}held_body_bytes {gauges.held_body_bytes}",
         f"# HELP {p}in_flight Requests forwarded to the upstream and not finished.",
         f"# TYPE {p}in_flight gauge",
         f"{p}in_flight {gauges.in_flight}",
@@ -121,5 +131,9 @@ def render(counters: Counters, gauges: Gauges) -> str:
         f"# HELP {p}arbiter_poll_failures_total Mode polls that did not reach the arbiter.",
         f"# TYPE {p}arbiter_poll_failures_total counter",
         f"{p}arbiter_poll_failures_total {counters.arbiter_poll_failures}",
+        f"# HELP {p}client_read_timeouts_total Slow clients cut off, by what was late.",
+        f"# TYPE {p}client_read_timeouts_total counter",
+        f'{p}client_read_timeouts_total{{phase="header"}} {gauges.header_timeouts}',
+        f'{p}client_read_timeouts_total{{phase="body"}} {gauges.body_timeouts}',
     ]
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@
 - :func:`hold_expired` and :func:`connect_deadline`: the time bounds;
 - :func:`retry_delay`: the backoff schedule for refused connections;
 - :func:`is_proxied_path`, :func:`request_headers`, :func:`response_headers`: what passes;
-- :func:`error_body` and the ``*_message`` helpers: OpenAI-shaped 503/413 bodies.
+- :func:`error_body` and the ``*_message`` helpers: OpenAI-shaped 503/413/408 bodies.
 """
 
 from __future__ import annotations
@@ -171,6 +171,11 @@ def stopping_message(retry_after: int) -> str:
 def too_large_message(max_body_bytes: int) -> str:
     """Why a request body is refused."""
     return f"request body exceeds {max_body_bytes} bytes (max_body_bytes)"
+
+
+def body_timeout_message(body_timeout_seconds: float) -> str:
+    """Why a request is refused when its body does not arrive in time."""
+    return f"request body not received within {body_timeout_seconds:g} s (body_timeout_seconds)"
 
 
 def error_body(message: str, code: str, err_type: str = "service_unavailable") -> bytes:

@@ -2,6 +2,12 @@
 
 Decisions come from :mod:`cardshare.proxy.rules`; this module only waits, reads and writes.
 Written against the aiohttp API of 3.8 (Debian bookworm) and later.
+
+A proxied request is admitted (forward, hold or refuse) as soon as its head is in, before
+its body is read: a held request's body stays unread until the request is released, so
+what held requests keep in memory is aiohttp's read window per connection
+(:data:`HELD_BODY_WINDOW_BYTES`), not their bodies. Slow clients are cut off by
+:mod:`cardshare.serverguard` (header, body and keep-alive read timeouts).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from cardshare import serverguard
 from cardshare.proxy import rules
 from cardshare.proxy.config import ProxyConfig
 from cardshare.proxy.holdqueue import HoldQueue
@@ -40,6 +47,12 @@ DEFAULT_BACKOFF = rules.Backoff()
 SMALL_BODY_BYTES = 256 * 1024
 #: Methods sent without a body when the client sent none.
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+#: aiohttp's read buffer for client connections: it stops reading a request body from the
+#: socket once twice this much is buffered and unread (the rest waits in the client's TCP).
+READ_BUFSIZE = 64 * 1024
+#: Most of a held request's body the proxy can have in memory: aiohttp's high-water mark
+#: (2 x READ_BUFSIZE) plus one socket read (asyncio reads at most 256 KiB at a time).
+HELD_BODY_WINDOW_BYTES = 2 * READ_BUFSIZE + 256 * 1024
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -66,11 +79,12 @@ def _client_gone(request: web.BaseRequest) -> bool:
 
 
 def runner_kwargs() -> dict[str, Any]:
-    """AppRunner options: no access log; cancel handlers of vanished clients (aiohttp >= 3.9).
+    """AppRunner options: no access log; a small read buffer (it bounds what a held request
+    buffers); cancel handlers of vanished clients (aiohttp >= 3.9).
 
     aiohttp 3.8 always cancels them and does not know the option.
     """
-    kwargs: dict[str, Any] = {"access_log": None}
+    kwargs: dict[str, Any] = {"access_log": None, "read_bufsize": READ_BUFSIZE}
     if "handler_cancellation" in inspect.signature(web.Server.__init__).parameters:
         kwargs["handler_cancellation"] = True
     return kwargs
@@ -96,6 +110,7 @@ class Proxy:
         self.view = ModeView()
         self.queue = HoldQueue()
         self.counters = Counters()
+        self.guard_stats = serverguard.GuardStats()
         self.in_flight = 0
         self.connecting = 0
         self.stopping = False
@@ -195,6 +210,18 @@ class Proxy:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
+    def make_runner(self) -> serverguard.GuardedAppRunner:
+        """The application in a runner with the client read timeouts of the configuration."""
+        cfg = self.config
+        return serverguard.guarded_runner(
+            self.make_app(),
+            header_timeout=cfg.header_timeout_seconds,
+            body_timeout=cfg.body_timeout_seconds,
+            keepalive_timeout=cfg.keepalive_timeout_seconds,
+            stats=self.guard_stats,
+            **runner_kwargs(),
+        )
+
     # ----------------------------------------------------------------- own endpoints
 
     def state(self) -> dict[str, Any]:
@@ -204,6 +231,7 @@ class Proxy:
             "in_flight": self.in_flight,
             "connecting": self.connecting,
             "held": len(self.queue),
+            "held_body_bytes": self.queue.buffered_bytes(),
             "oldest_held_seconds": round(oldest, 3) if oldest is not None else None,
             "last_request_started": self.last_request_started,
             "last_request_finished": self.last_request_finished,
@@ -227,6 +255,9 @@ class Proxy:
             oldest_held_seconds=self.queue.oldest_age(self.clock()),
             mode=self.view.mode,
             mode_source=self.view.source,
+            held_body_bytes=self.queue.buffered_bytes(),
+            header_timeouts=self.guard_stats.header_timeouts,
+            body_timeouts=self.guard_stats.body_timeouts,
         )
         return web.Response(
             text=render(self.counters, gauges), content_type="text/plain", charset="utf-8"
@@ -266,12 +297,13 @@ class Proxy:
             self.last_request_finished = self.wall()
 
     async def _read_body(self, request: web.Request) -> bytes | None:
-        """The whole request body, or None when it exceeds ``max_body_bytes``."""
+        """The whole request body, or None when it exceeds ``max_body_bytes``.
+
+        Raises :class:`serverguard.BodyTimeoutError` when it does not arrive in time.
+        """
         limit = self.config.max_body_bytes
         if not request.body_exists:
             return b""
-        if request.content_length is not None and request.content_length > limit:
-            return None
         body = bytearray()
         while True:
             chunk = await request.content.readany()
@@ -281,15 +313,18 @@ class Proxy:
             if len(body) > limit:
                 return None
 
+    def _too_large(self) -> web.Response:
+        limit = self.config.max_body_bytes
+        resp = self._error(413, rules.too_large_message(limit), "too_large", "rejected_too_large")
+        resp.force_close()
+        return resp
+
     async def _proxied(self, request: web.Request, arrived: float) -> web.StreamResponse:
+        """Admit on the head alone; read the body only once the request may go upstream."""
         cfg = self.config
-        body = await self._read_body(request)
-        if body is None:
-            resp = self._error(
-                413, rules.too_large_message(cfg.max_body_bytes), "too_large", "rejected_too_large"
-            )
-            resp.force_close()
-            return resp
+        length = request.content_length
+        if request.body_exists and length is not None and length > cfg.max_body_bytes:
+            return self._too_large()
         action = rules.admit(self.view.mode, len(self.queue), cfg.hold_max_requests)
         if action is rules.Action.REJECT_COUNT:
             msg = rules.count_message(
@@ -297,15 +332,36 @@ class Proxy:
             )
             return self._error(503, msg, "hold_queue_full", "rejected_count")
         if action is rules.Action.HOLD:
-            refused = await self._hold(request, arrived)
+            # the body stays unread (and its clock stopped) while held
+            with serverguard.body_timeout_paused(request):
+                refused = await self._hold(request, arrived)
             if refused is not None:
                 return refused
+        try:
+            body = await self._read_body(request)
+        except serverguard.BodyTimeoutError:
+            msg = rules.body_timeout_message(cfg.body_timeout_seconds)
+            resp = self._error(408, msg, "request_timeout", "rejected_body_timeout")
+            resp.force_close()
+            return resp
+        if body is None:
+            return self._too_large()
         return await self._forward(request, body, arrived)
 
     async def _hold(self, request: web.Request, arrived: float) -> web.StreamResponse | None:
-        """Wait for ``llm``; None once released, else the answer to give (or client gone)."""
+        """Wait for ``llm``; None once released, else the answer to give (or client gone).
+
+        A client that goes away is noticed while aiohttp still reads its connection: always
+        for a body of up to 2 x :data:`READ_BUFSIZE` (128 KiB); for a larger one aiohttp may
+        have stopped reading the socket, and then the departure shows only when the request
+        leaves the queue (released, or at ``hold_max_seconds``).
+        """
         cfg = self.config
-        held = self.queue.add(arrived)
+        stream = request.content
+        # nothing of a held body is read by the proxy: what aiohttp has received is buffered
+        held = self.queue.add(
+            arrived, buffered=(lambda: stream.total_bytes) if request.body_exists else None
+        )
         try:
             while True:
                 waited = self.clock() - arrived

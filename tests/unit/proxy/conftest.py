@@ -9,6 +9,7 @@ with ``data: [DONE]``). Its streaming answer stops after the first chunk until t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -108,6 +109,11 @@ class FakeUpstream:
             headers={"X-Upstream": "yes", "Set-Cookie": "a=1"},
         )
 
+    async def size(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.seen.append({"path": request.path_qs, "size": len(body)})
+        return web.json_response({"size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+
     async def dead(self, request: web.Request) -> web.Response:
         return web.Response(
             status=503, body=b'{"error": "engine dead"}', content_type="application/json"
@@ -145,6 +151,7 @@ class FakeUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_route("*", "/v1/echo", self.echo)
+        app.router.add_post("/v1/size", self.size)
         app.router.add_post("/v1/dead", self.dead)
         app.router.add_post("/v1/broken", self.broken)
         app.router.add_post("/v1/endless", self.endless)
@@ -198,6 +205,52 @@ class FakeArbiter:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+async def send_raw(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client connection that has sent ``data`` (part of a request, say)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if data:
+        writer.write(data)
+        await writer.drain()
+    return reader, writer
+
+
+async def until_closed(reader: asyncio.StreamReader, limit: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when (loop time)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    data = b""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), max(0.0, end - loop.time()))
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"connection still open after {limit} s; got {data!r}") from None
+    return data, loop.time()
+
+
+async def read_response(
+    reader: asyncio.StreamReader, limit: float
+) -> tuple[int, dict[str, str], Any]:
+    """One response with a Content-Length from a raw connection: status, headers, JSON."""
+
+    async def read() -> tuple[bytes, bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        return head, await reader.readexactly(length)
+
+    try:
+        raw_head, body = await asyncio.wait_for(read(), limit)
+    except TimeoutError:
+        raise AssertionError(f"no response within {limit} s") from None
+    lines = raw_head.decode().rstrip("\r\n").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
 
 
 async def wait_for(cond: Callable[[], bool], what: str, limit: float = 10.0) -> None:
@@ -264,7 +317,7 @@ async def make_stand() -> AsyncIterator[StandFactory]:
         proxy = Proxy(
             config, backoff=Backoff(initial=0.01, cap=0.05), disconnect_check_seconds=0.02
         )
-        runner = web.AppRunner(proxy.make_app(), **runner_kwargs())
+        runner = proxy.make_runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         client = aiohttp.ClientSession()

@@ -55,6 +55,9 @@ def test_defaults() -> None:
             ("/v1/", "/tokenize"),
         ),
         ({"trust_mode_when_arbiter_down": False}, "trust_mode_when_arbiter_down", False),
+        ({"header_timeout_seconds": 2}, "header_timeout_seconds", 2.0),
+        ({"body_timeout_seconds": 0.5}, "body_timeout_seconds", 0.5),
+        ({"keepalive_timeout_seconds": 300}, "keepalive_timeout_seconds", 300.0),
     ],
 )
 def test_build_config(settings: dict[str, Any], field: str, value: object) -> None:
@@ -84,6 +87,19 @@ def test_build_config(settings: dict[str, Any], field: str, value: object) -> No
             {"proxied_path_prefixes": "/v1/"},
             "proxied_path_prefixes must be a list of paths starting with '/', got '/v1/'",
         ),
+        (
+            {"header_timeout_seconds": 0},
+            "header_timeout_seconds must be a finite number of seconds > 0, got 0",
+        ),
+        (
+            {"body_timeout_seconds": -30},
+            "body_timeout_seconds must be a finite number of seconds > 0, got -30",
+        ),
+        (
+            {"keepalive_timeout_seconds": float("inf")},
+            "keepalive_timeout_seconds must be a finite number of seconds > 0, got inf",
+        ),
+        ({"body_timeout_seconds": "30s"}, "body_timeout_seconds must be a number, got '30s'"),
     ],
 )
 def test_build_config_refuses(settings: dict[str, Any], message: str) -> None:
@@ -109,6 +125,44 @@ def test_parse_config_text_refuses(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config_text(text, "proxy.json")
     assert str(err.value) == message
+
+
+def test_read_timeout_defaults() -> None:
+    config = build_config({})
+    assert (
+        config.header_timeout_seconds,
+        config.body_timeout_seconds,
+        config.keepalive_timeout_seconds,
+    ) == (10.0, 30.0, 75.0)
+
+
+def test_read_timeouts_from_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.json"
+    path.write_text(json.dumps({"header_timeout_seconds": 4, "body_timeout_seconds": 20}))
+    config, _ = config_from_args(
+        [
+            "--config",
+            str(path),
+            "--body-timeout-seconds",
+            "12.5",
+            "--keepalive-timeout-seconds",
+            "9",
+        ]
+    )
+    assert (
+        config.header_timeout_seconds,
+        config.body_timeout_seconds,
+        config.keepalive_timeout_seconds,
+    ) == (4.0, 12.5, 9.0)
+
+
+def test_main_reports_a_bad_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "proxy.json"
+    path.write_text('{"header_timeout_seconds": Infinity}')
+    assert main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        "cardshare.proxy: header_timeout_seconds must be a finite number of seconds > 0, got inf\n"
+    )
 
 
 def test_flags_beat_the_file(tmp_path: Path) -> None:

@@ -90,6 +90,21 @@ async def test_hold_queue_fifo_remove_and_age() -> None:
     assert not first.future.done()
 
 
+async def test_hold_queue_buffered_bytes() -> None:
+    queue = HoldQueue()
+    sizes = {"a": 100, "c": 7}
+    first = queue.add(1.0, buffered=lambda: sizes["a"])
+    queue.add(2.0)  # no body
+    queue.add(3.0, buffered=lambda: sizes["c"])
+    assert queue.buffered_bytes() == 107
+    sizes["c"] = 70  # more of the body arrived
+    assert queue.buffered_bytes() == 170
+    queue.remove(first)
+    assert queue.buffered_bytes() == 70
+    queue.release_all()
+    assert queue.buffered_bytes() == 0
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
@@ -113,7 +128,7 @@ def test_counters_refuse_unknown_outcome() -> None:
         Counters().count("lost")
     assert str(err.value) == (
         "unknown outcome 'lost'; known: forwarded, rejected_count, rejected_time, "
-        "rejected_too_large, rejected_stopping, client_gone, upstream_error"
+        "rejected_too_large, rejected_body_timeout, rejected_stopping, client_gone, upstream_error"
     )
 
 
@@ -122,13 +137,18 @@ def test_render() -> None:
     counters.count("forwarded")
     counters.count("rejected_time")
     counters.hold_seconds.observe(2.0)
-    text = render(counters, Gauges(3, 1, 12.5, "image", "last-known"))
+    gauges = Gauges(3, 1, 12.5, "image", "last-known", held_body_bytes=4096, header_timeouts=2)
+    text = render(counters, gauges)
     lines = text.splitlines()
     for line in (
         'cardshare_proxy_requests_total{outcome="forwarded"} 1',
         'cardshare_proxy_requests_total{outcome="rejected_time"} 1',
         'cardshare_proxy_requests_total{outcome="client_gone"} 0',
         "cardshare_proxy_held 3",
+        "cardshare_proxy_held_body_bytes 4096",
+        'cardshare_proxy_client_read_timeouts_total{phase="header"} 2',
+        'cardshare_proxy_client_read_timeouts_total{phase="body"} 0',
+        "# TYPE cardshare_proxy_client_read_timeouts_total counter",
         "cardshare_proxy_in_flight 1",
         "cardshare_proxy_oldest_held_seconds 12.500",
         'cardshare_proxy_hold_seconds_bucket{le="1"} 0',
