@@ -350,3 +350,29 @@ def test_job_details_need_the_token_and_health_follows_the_engine(
     )
     wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
     wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+
+
+def test_a_hung_comfyui_is_restarted_and_the_job_runs_once(
+    host: Any, arbiter: str, token: str
+) -> None:
+    """ComfyUI stops answering while its container runs (paused: a hang, not a crash): after
+    comfyui_unanswered_polls unanswered polls the arbiter restarts it (a new start time), the
+    engine's heartbeat stays fresh all along, and the job ends done with one photograph."""
+    job_id = submit(arbiter, token)
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    started = comfyui_started_at(host)
+    lab(host, "docker pause comfyui-comfyui-1")
+    try:
+        wait_for(
+            "the arbiter to restart the hung ComfyUI",
+            lambda: comfyui_started_at(host) != started,
+            180,
+            step=1,
+        )
+        assert requests.get(f"{arbiter}/v1/health", timeout=10).status_code == 200
+    finally:
+        if "paused" in lab(host, "docker inspect -f '{{.State.Status}}' comfyui-comfyui-1"):
+            lab(host, "docker unpause comfyui-comfyui-1")
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    assert len(files_of(host, job_id)) == 1
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)

@@ -22,6 +22,7 @@ from cardshare.arbiter.edges import DockerContainers, HttpComfy, HttpLlm, HttpPr
 from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store, StoreError
 from cardshare.docker_api import DockerClient
+from cardshare.serverguard import guarded_runner
 
 DB_NAME = "arbiter.sqlite3"
 
@@ -73,7 +74,12 @@ async def serve(config: Config, token: str) -> int:
             if config.proxy_url
             else None,
         )
-        runner = web.AppRunner(build_app(engine, token))
+        runner = guarded_runner(
+            build_app(engine, token),
+            header_timeout=config.header_timeout_seconds,
+            body_timeout=config.body_timeout_seconds,
+            keepalive_timeout=config.keepalive_timeout_seconds,
+        )
         await runner.setup()
         site = web.TCPSite(runner, config.listen_host, config.listen_port)
         await site.start()

@@ -72,6 +72,11 @@ class Config:
     image_retry_backoff_max_seconds: float = 3600.0
     # free space the data directory must keep: below it, jobs are paused and refused
     min_free_bytes: int = 64 * 1024 * 1024
+    # slow clients: a request head must arrive within this, a body (up to max_payload_bytes)
+    # within that, and an idle kept-alive connection is closed after the third
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    keepalive_timeout_seconds: float = 75.0
 
     @property
     def llm_names(self) -> tuple[str, ...]:
@@ -101,6 +106,9 @@ _POSITIVE_FLOAT = (
     "engine_backoff_max_seconds",
     "image_retry_backoff_seconds",
     "image_retry_backoff_max_seconds",
+    "header_timeout_seconds",
+    "body_timeout_seconds",
+    "keepalive_timeout_seconds",
 )
 _POSITIVE_INT = (
     "stop_timeout_seconds",

@@ -254,6 +254,7 @@ class Engine:
         except DockerError as exc:
             self._alert(Alert.DOCKER, str(exc))
             return ContainerFailure(FailureKind.UNKNOWN, f"cannot inspect the {role} container")
+        self._clear(Alert.DOCKER)
         if st.running:
             return None
         if st.oom_killed:
@@ -394,8 +395,9 @@ class Engine:
                 self._alert(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
                 self._poison(exc)
         else:
+            # the Docker alert clears on a Docker call that works (not on any step)
             self.step_errors = 0
-            self._clear(Alert.DOCKER, Alert.ENGINE_ERROR)
+            self._clear(Alert.ENGINE_ERROR)
             return True
         self.step_errors += 1
         return False
@@ -515,14 +517,18 @@ class Engine:
         try:
             await self._waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
         except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
             return Result(Outcome.FAILED, f"stopping the {role} container failed: {exc}")
+        self._clear(Alert.DOCKER)
         return Result(Outcome.OK, f"{role} container stopped")
 
     async def _start(self, role: Role) -> Result:
         try:
             await self._waiting(self.containers.start(role))
         except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
             return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
+        self._clear(Alert.DOCKER)
         return Result(Outcome.OK, f"{role} container started")
 
     async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
@@ -655,6 +661,7 @@ class Engine:
             before = (await self.containers.state("image")).started_at
             await self._waiting(self.containers.restart("image", self.config.stop_timeout_seconds))
             after = await self.containers.state("image")
+            self._clear(Alert.DOCKER)
         except DockerError as exc:
             self._alert(Alert.DOCKER, str(exc))
             return self._image_failed(
@@ -712,8 +719,10 @@ class Engine:
                 # a failed or unready vLLM: restart it from scratch
                 await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
             await self._waiting(self.containers.start("llm"))
+            self._clear(Alert.DOCKER)
         except DockerError as exc:
             self.llm_failures += 1
+            self._alert(Alert.DOCKER, str(exc))
             self._alert(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
             return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
         return Result(Outcome.OK, "llm container started")

@@ -162,7 +162,7 @@ def test_restart_restarts_whatever_the_state(docker: DockerClient) -> None:
     docker.start("abc123")
     docker.restart("abc123", 9)
     assert ("POST", "/v1.41/containers/abc123/restart?t=9") in Engine.requests
-    with pytest.raises(DockerError, match="^Docker Engine POST /containers/nope/restart answered"):
+    with pytest.raises(DockerError, match=r"^Docker Engine POST /containers/nope/restart answered"):
         docker.restart("nope", 1)
 
 

@@ -75,3 +75,52 @@ def test_engine_loop_that_ends_exits_non_zero(
     monkeypatch.setattr(Engine, "run", dies)
     assert arbiter_main.main(["--config", str(_config_file(tmp_path))]) == 1
     assert "the engine's loop ended: RuntimeError: the loop broke" in caplog.text
+
+
+def test_the_process_closes_slow_clients_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The arbiter as a real process: a client that sends half a request head and stalls is
+    disconnected after header_timeout_seconds while /v1/health still answers (no Docker
+    here: the engine runs, alerts and backs off); SIGTERM ends it with status 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    path = _config_file(tmp_path)
+    config = json.loads(path.read_text())
+    config.update(header_timeout_seconds=0.5, poll_interval_seconds=0.1)
+    path.write_text(json.dumps(config))
+    src = Path(arbiter_main.__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cardshare.arbiter", "--config", str(path)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{config['listen_port']}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/v1/health", timeout=2) as resp:
+                    assert json.load(resp)["healthy"] is True
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "the arbiter did not come up"
+                time.sleep(0.1)
+        slow = socket.create_connection(("127.0.0.1", config["listen_port"]), timeout=5)
+        slow.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        started = time.monotonic()
+        assert slow.recv(1024) == b""  # closed by the arbiter
+        assert time.monotonic() - started < 3
+        slow.close()
+        with urllib.request.urlopen(f"{base}/v1/status", timeout=5) as resp:
+            alerts = {a["name"] for a in json.load(resp)["alerts"]}
+        assert "docker" in alerts
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()[-2000:]
