@@ -10,8 +10,9 @@
 ``cardshare report --month YYYY-MM``
     per client: minutes active per engine class, peak and mean VRAM over a month of history.
 
-Container sockets (``--docker-socket``, ``--podman-socket``) are host paths, not under
-``--root``.  Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage error.
+Container sockets given with ``--docker-socket`` and ``--podman-socket`` are used as given;
+the per-user (rootless) sockets and the kubelet's files that name Kubernetes containers are
+looked up under ``--root``.  Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage error.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from cardshare.naming import (
 )
 from cardshare.recorder import CURRENT, HISTORY, OutputError, ScanConfig, load_snapshot, run_scan
 from cardshare.recorder import sample as take_sample
-from cardshare.recorder.report import build_report, format_report, parse_lines
+from cardshare.recorder.report import build_report, format_report, read_month
 
 __all__ = ["main"]
 
@@ -142,7 +143,10 @@ def _rules(path: Path | None) -> tuple[CommandRule, ...]:
 
 
 def _resolver_factory(args: argparse.Namespace) -> Resolver:
-    return EngineApiResolver(default_sockets(args.docker_socket, args.podman_socket))
+    return EngineApiResolver(
+        default_sockets(args.docker_socket, args.podman_socket, root=str(args.root)),
+        root=str(args.root),
+    )
 
 
 def _gib(n: int | None) -> str:
@@ -222,14 +226,8 @@ def _cmd_clients(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    path = args.data_dir / HISTORY / f"{args.month}.jsonl"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            snapshots, bad = parse_lines(handle)
-    except FileNotFoundError:
-        raise OutputError(f"no history for {args.month}: {path} does not exist") from None
-    except OSError as exc:
-        raise OutputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    # a closed month is gzipped by the first scan of the next one: both files are read
+    snapshots, bad = read_month(args.data_dir / HISTORY, args.month)
     report = build_report(args.month, snapshots, bad, args.max_interval)
     if args.json:
         out.write(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")

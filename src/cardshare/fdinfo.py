@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "MEMORY_KINDS",
+    "REGION_TABLE",
     "EngineUsage",
     "FdInfo",
+    "RegionClass",
     "RegionMemory",
     "is_gtt_region",
     "is_system_region",
@@ -35,9 +38,12 @@ __all__ = [
     "parse_fdinfo",
     "parse_size",
     "parse_uint",
+    "region_class",
 ]
 
 MEMORY_KINDS = ("total", "shared", "resident", "active", "purgeable")
+
+RegionClass = Literal["vram", "system", "gtt", "stolen", "other"]
 
 _UNITS = {"": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _SIZE_RE = re.compile(r"^([0-9]+)(?:[ \t]+([A-Za-z]+))?$")
@@ -92,19 +98,68 @@ class EngineUsage:
     capacity: int = 1
 
 
-def is_vram_region(region: str) -> bool:
-    """Device-local memory: xe ``vram<N>``, i915 ``local<N>``."""
-    return region.startswith(("vram", "local"))
+# What each driver's memory regions are, in ONE table: (driver, full-match pattern, class).
+# Classes: ``vram`` (device-local memory), ``system`` (host RAM the GPU does not map through a
+# GTT/GART), ``gtt`` (host RAM mapped for the GPU), ``stolen`` (memory the firmware reserved for
+# the GPU; xe's ``stolen`` is carved from VRAM on discrete parts, from RAM on integrated ones, so
+# it is counted in neither), ``other`` (driver-private resources, never memory a user asked for).
+# Rows of the driver come first; the ``*`` rows are the fallback for every driver (and unknown
+# drivers).  Sources:
+#   xe     drivers/gpu/drm/xe/xe_drm_client.c, mem_type_to_name[]: system, gtt, vram0, vram1, stolen
+#   i915   drivers/gpu/drm/i915/intel_memory_region.c: uabi_name "%s%u" of system, local,
+#          stolen-system, stolen-local (system0, local0, stolen-system0, stolen-local0), printed by
+#          i915_drm_client.c show_meminfo()
+#   amdgpu drivers/gpu/drm/amd/amdgpu/amdgpu_fdinfo.c, pl_name[]: vram, gtt, cpu (TTM_PL_SYSTEM),
+#          gds, gws, oa, doorbell, mmioremap (on-chip or MMIO resources)
+#   *      Documentation/gpu/drm-usage-stats.rst: the region name "memory" is reserved for system
+#          memory; the generic names of the drivers above as a fallback.
+REGION_TABLE: tuple[tuple[str, str, RegionClass], ...] = (
+    ("xe", r"vram[0-9]+", "vram"),
+    ("xe", r"system", "system"),
+    ("xe", r"gtt", "gtt"),
+    ("xe", r"stolen", "stolen"),
+    ("i915", r"local[0-9]+", "vram"),
+    ("i915", r"system[0-9]+", "system"),
+    ("i915", r"stolen-(?:system|local)[0-9]+", "stolen"),
+    ("amdgpu", r"vram", "vram"),
+    ("amdgpu", r"gtt", "gtt"),
+    ("amdgpu", r"cpu", "system"),
+    ("amdgpu", r"gds|gws|oa|doorbell|mmioremap", "other"),
+    ("*", r"memory", "system"),
+    ("*", r"system[0-9]*", "system"),
+    ("*", r"(?:vram|local)[0-9]*", "vram"),
+    ("*", r"gtt", "gtt"),
+    ("*", r"stolen(?:-[a-z]+)?[0-9]*", "stolen"),
+)
+
+_COMPILED_TABLE: dict[str, tuple[tuple[re.Pattern[str], RegionClass], ...]] = {}
+for _driver, _pattern, _cls in REGION_TABLE:
+    _COMPILED_TABLE[_driver] = (*_COMPILED_TABLE.get(_driver, ()), (re.compile(_pattern), _cls))
 
 
-def is_system_region(region: str) -> bool:
-    """System memory: ``system`` (xe, i915) and the reserved generic name ``memory``."""
-    return region in ("system", "memory")
+def region_class(driver: str | None, region: str) -> RegionClass:
+    """The class of a memory region of a driver (see :data:`REGION_TABLE`); ``other`` if unknown."""
+    for rows in (_COMPILED_TABLE.get(driver or "*", ()), _COMPILED_TABLE["*"]):
+        for pattern, cls in rows:
+            if pattern.fullmatch(region):
+                return cls
+    return "other"
 
 
-def is_gtt_region(region: str) -> bool:
-    """GTT-mapped system memory (xe ``gtt``, amdgpu ``gtt``)."""
-    return region == "gtt"
+def is_vram_region(region: str, driver: str | None = None) -> bool:
+    """Device-local memory: xe ``vram<N>``, i915 ``local<N>``, amdgpu ``vram``."""
+    return region_class(driver, region) == "vram"
+
+
+def is_system_region(region: str, driver: str | None = None) -> bool:
+    """Host memory not mapped through a GTT: xe ``system``, i915 ``system<N>``, amdgpu ``cpu``,
+    the reserved generic name ``memory``."""
+    return region_class(driver, region) == "system"
+
+
+def is_gtt_region(region: str, driver: str | None = None) -> bool:
+    """Host memory mapped for the GPU (xe ``gtt``, amdgpu ``gtt``)."""
+    return region_class(driver, region) == "gtt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,20 +186,53 @@ class FdInfo:
             return 0
         return mem.resident
 
+    def shared_resident_bytes(self, region: str) -> int:
+        """Resident bytes of a region that are shared with another DRM file (0 when absent).
+
+        ``drm-shared-<r>`` counts shared buffers whether resident or not, so it is capped by the
+        resident figure.
+        """
+        mem = self.memory.get(region)
+        if mem is None or not mem.shared:
+            return 0
+        return min(mem.shared, self.resident_bytes(region))
+
+    def _sum(self, cls: RegionClass) -> int:
+        return sum(
+            self.resident_bytes(r) for r in self.memory if region_class(self.driver, r) == cls
+        )
+
     @property
     def vram_bytes(self) -> int:
-        """Resident device memory over all VRAM regions (xe ``vram*``, i915 ``local*``)."""
-        return sum(self.resident_bytes(r) for r in self.memory if is_vram_region(r))
+        """Resident device memory over all VRAM regions (xe ``vram*``, i915 ``local*``, amdgpu
+        ``vram``), shared buffers included."""
+        return self._sum("vram")
+
+    @property
+    def vram_shared_bytes(self) -> int:
+        """The part of :attr:`vram_bytes` in buffers shared with another DRM file."""
+        return sum(
+            self.shared_resident_bytes(r)
+            for r in self.memory
+            if region_class(self.driver, r) == "vram"
+        )
 
     @property
     def system_bytes(self) -> int:
-        """Resident system memory (``system`` region)."""
-        return sum(self.resident_bytes(r) for r in self.memory if is_system_region(r))
+        """Resident host memory not mapped through a GTT (xe ``system``, i915 ``system0``,
+        amdgpu ``cpu``, generic ``memory``).  i915 has no GTT region: its ``system0`` holds all
+        of the client's host memory."""
+        return self._sum("system")
 
     @property
     def gtt_bytes(self) -> int:
-        """Resident GTT memory (``gtt`` region)."""
-        return sum(self.resident_bytes(r) for r in self.memory if is_gtt_region(r))
+        """Resident host memory mapped for the GPU (xe and amdgpu ``gtt``)."""
+        return self._sum("gtt")
+
+    @property
+    def stolen_bytes(self) -> int:
+        """Resident firmware-reserved memory (xe ``stolen``, i915 ``stolen-*``)."""
+        return self._sum("stolen")
 
 
 # The order matters: ``drm-total-cycles-`` must win over ``drm-total-`` (a memory key) and

@@ -5,42 +5,114 @@ character device with major 226 has its ``fdinfo/<n>`` read.  A DRM client is on
 file, identified by ``(drm-pdev, drm-client-id)``: duplicated descriptors and descriptors
 inherited by other processes repeat it and are counted once (their pids are collected).
 
+One process, one directory: ``<root>/proc/<pid>`` is opened once (``O_DIRECTORY``) and its
+``fd/``, ``fdinfo/``, ``stat``, ``comm``, ``cmdline``, ``cgroup`` and ``ns/mnt`` are read
+relative to that descriptor, so a pid that exits and is reused mid-scan cannot lend its
+name to another process's client.  The start time (field 22 of ``stat``) is read before the
+first DRM read of a process and again after its last read; a record whose start time
+changed is dropped (:attr:`ScanStats.reused`).  Trees without ``stat`` (the lab's simulated
+``/proc``) have no start time and skip that check.
+
+Each open file read once: before a DRM descriptor's fdinfo is read it is compared with the
+open files already read (``kcmp(pid1, pid2, KCMP_FILE, fd1, fd2)``, through ``ctypes``);
+one that shares an open file with a descriptor already read (``dup()``, ``fork()``) takes
+that result without a read (:attr:`ScanStats.fdinfo_reads_saved`).  ``kcmp`` orders open
+files, so the comparison is a binary search.  It is used only on the real ``/proc`` of this
+PID namespace (``<root>/proc/self`` is this process) and stops for the rest of the scan when
+refused (``EPERM`` from seccomp or without ptrace rights, ``ENOSYS``); then, as on a
+simulated tree, every DRM descriptor's fdinfo is read and clients are deduplicated by
+``(drm-pdev, drm-client-id)`` after reading (:attr:`ProcScan.dedupe` says which).
+
 A process that vanishes mid-scan, a descriptor closed between listing and reading, or a file
-that cannot be read (no ptrace permission) is skipped and counted in :class:`ScanStats`;
-none of them stops the scan.
+that cannot be read is skipped and counted in :class:`ScanStats`; none of them stops the scan
+alone.  But when most processes refuse their ``fd/`` directory (no ptrace permission), the
+scan raises :class:`ScanPermissionError` instead of returning an empty card.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeAlias
 
 from cardshare.fdinfo import FdInfo, parse_fdinfo
-from cardshare.naming import ContainerRef, container_from_cgroup
+from cardshare.naming import ContainerRef, container_from_cgroup, primary_cgroup
 
 __all__ = [
     "DRM_MAJOR",
+    "UNREADABLE_MIN",
+    "DedupeUnavailable",
     "DrmClient",
+    "FileOrder",
+    "Opener",
     "ProcScan",
     "ProcessInfo",
+    "ScanPermissionError",
     "ScanStats",
     "is_drm_char_device",
+    "kcmp_file_order",
+    "parse_stat",
+    "read_process_info",
     "scan_proc",
 ]
 
 DRM_MAJOR = 226
 UNKNOWN_PDEV = "unknown"
+# More than this many processes refusing their fd directory, and more than half of those
+# examined: the scan is an error (see ScanPermissionError).
+UNREADABLE_MIN = 5
 
 IsDrm = Callable[[os.stat_result], bool]
+ClientKey = tuple[str, int]
+# The order of two open files: (pid1, fd1, pid2, fd2) -> <0, 0 (same open file) or >0.
+# Raises DedupeUnavailable when comparing is refused for good, OSError (ESRCH, EBADF) when
+# one side is gone.
+FileOrder = Callable[[int, int, int, int], int]
+
+
+class Opener(Protocol):
+    """``os.open``'s signature: every file and directory of the scan is opened through it."""
+
+    def __call__(
+        self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+    ) -> int: ...
+
+
+class DedupeUnavailable(Exception):
+    """Comparing open files is refused (seccomp, no ptrace rights, no kcmp in the kernel)."""
+
+
+class ScanPermissionError(PermissionError):
+    """Most processes could not be read: the scan would show an empty card."""
+
+    def __init__(self, unreadable: int, examined: int) -> None:
+        message = (
+            f"{unreadable} of {examined} processes could not be read (permission denied on "
+            "/proc/<pid>/fd): run the recorder as root or with CAP_SYS_PTRACE (and in the "
+            "host's PID namespace when containerised)"
+        )
+        super().__init__(errno.EACCES, message)
+        self.unreadable = unreadable
+        self.examined = examined
+
 
 _READ_SIZE = 65536
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 # Link targets of descriptors that are not paths (never a device node).
 _PSEUDO_FILES = ("socket:", "pipe:", "anon_inode:")
 _CLIENT_ID_RE = re.compile(rb"^drm-client-id:[ \t]*([0-9]+)[ \t]*$", re.MULTILINE)
 _PDEV_RE = re.compile(rb"^drm-pdev:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
+# kcmp(2): syscall numbers of 64-bit ABIs (x86_64: arch/x86/entry/syscalls/syscall_64.tbl;
+# the generic table, include/uapi/asm-generic/unistd.h, for arm64, riscv64, loongarch64).
+_KCMP_NR = {"x86_64": 312, "aarch64": 272, "arm64": 272, "riscv64": 272, "loongarch64": 272}
+_KCMP_FILE = 0
+# Errors that say kcmp cannot be used at all (as opposed to a process or fd being gone).
+_KCMP_REFUSED = frozenset({errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL})
 
 
 def is_drm_char_device(st: os.stat_result) -> bool:
@@ -48,14 +120,75 @@ def is_drm_char_device(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
 
 
+def kcmp_file_order() -> FileOrder | None:
+    """``kcmp(KCMP_FILE)`` as a :data:`FileOrder`, or ``None`` on an ABI without a known number.
+
+    Returns -1, 0 or 1 as kcmp returns 1 (less), 0 (same open file) or 2 (greater); raises
+    :class:`DedupeUnavailable` for ``ENOSYS``, ``EPERM``, ``EACCES``, ``EINVAL`` or an
+    unordered answer, and ``OSError`` otherwise (``ESRCH``, ``EBADF``: one side is gone).
+    """
+    import ctypes  # only where kcmp is used
+    import platform
+
+    if ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
+    number = _KCMP_NR.get(platform.machine())
+    if number is None:
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long] * 6
+    get_errno = ctypes.get_errno
+    answers = {0: 0, 1: -1, 2: 1}
+
+    def order(pid1: int, fd1: int, pid2: int, fd2: int) -> int:
+        ret = syscall(number, pid1, pid2, _KCMP_FILE, fd1, fd2)
+        if ret < 0:
+            err = get_errno()
+            if err in _KCMP_REFUSED:
+                raise DedupeUnavailable(os.strerror(err))
+            raise OSError(err, os.strerror(err))
+        answer = answers.get(ret)
+        if answer is None:
+            raise DedupeUnavailable(f"kcmp gave no order ({ret})")
+        return answer
+
+    return order
+
+
+def parse_stat(data: bytes) -> tuple[str, int] | None:
+    """``(comm, starttime)`` from the text of ``/proc/<pid>/stat``; ``None`` if malformed.
+
+    The comm is between the first ``(`` and the last ``)`` (it may hold spaces and
+    parentheses); the start time is field 22, in clock ticks since boot.
+    """
+    start = data.find(b"(")
+    end = data.rfind(b")")
+    if start < 0 or end < start:
+        return None
+    fields = data[end + 2 :].split()
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return data[start + 1 : end].decode("utf-8", "replace"), int(fields[19])
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
-    """What naming needs to know about a process."""
+    """What naming needs to know about a process.
+
+    ``start_time`` is field 22 of its ``stat`` (clock ticks since boot; ``None`` when the tree
+    has no ``stat``): with the pid, it names one process, whatever reuses the pid later.
+    """
 
     pid: int
     comm: str
     cmdline: str
     container: ContainerRef | None
+    start_time: int | None = None
+    cgroup: str = ""  # the path that places it (naming.primary_cgroup): brokers are told by it
 
 
 @dataclass(slots=True)
@@ -84,6 +217,10 @@ class ScanStats:
     unreadable: int = 0  # permission or I/O errors
     not_clients: int = 0  # DRM descriptors whose fdinfo has no drm-driver/drm-client-id
     malformed_lines: int = 0
+    unreadable_processes: int = 0  # processes whose fd directory refused us (EACCES/EPERM)
+    reused: int = 0  # processes dropped: start time changed (pid reused) while being read
+    fdinfo_reads: int = 0  # DRM fdinfo files read
+    fdinfo_reads_saved: int = 0  # DRM descriptors sharing an open file already read
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -93,54 +230,86 @@ class ScanStats:
 class ProcScan:
     """The result of :func:`scan_proc`.
 
-    ``processes`` holds the process that names each client: the lowest pid holding it.
+    ``processes`` holds the process that names each client: the lowest pid holding it (every
+    holder with ``every_holder=True``).  ``dedupe`` says how shared open files were found:
+    ``"kcmp"`` before reading, ``"compare"`` (an injected :data:`FileOrder`) likewise, or
+    ``"client-id"`` (every DRM fdinfo read, clients merged by ``(drm-pdev, drm-client-id)``).
     """
 
-    clients: dict[tuple[str, int], DrmClient] = field(default_factory=dict)
+    clients: dict[ClientKey, DrmClient] = field(default_factory=dict)
     processes: dict[int, ProcessInfo] = field(default_factory=dict)
     stats: ScanStats = field(default_factory=ScanStats)
+    dedupe: str = "client-id"
 
 
-def _read_bytes(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        # A short read is the end of a regular or seq_file (proc) file: one read suffices
-        # for the small files read here.
+def _read_fd(fd: int) -> bytes:
+    # A short read is the end of a regular or seq_file (proc) file: one read suffices for
+    # the small files read here.
+    chunk = os.read(fd, _READ_SIZE)
+    if len(chunk) < _READ_SIZE:
+        return chunk
+    chunks = [chunk]
+    while chunk:
         chunk = os.read(fd, _READ_SIZE)
-        if len(chunk) < _READ_SIZE:
-            return chunk
-        chunks = [chunk]
-        while chunk:
-            chunk = os.read(fd, _READ_SIZE)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_at(opener: Opener, name: str, dir_fd: int | None) -> bytes:
+    fd = opener(name, _FILE_FLAGS, dir_fd=dir_fd)
+    try:
+        return _read_fd(fd)
     finally:
         os.close(fd)
 
 
-def _read_text(path: str) -> str:
-    return _read_bytes(path).decode("utf-8", "replace")
+def _text_at(opener: Opener, name: str, dir_fd: int) -> str:
+    try:
+        return _read_at(opener, name, dir_fd).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
-def read_process_info(proc_dir: str, pid: int) -> ProcessInfo:
-    """Read comm, cmdline and cgroup of a process; missing pieces become empty."""
-    base = f"{proc_dir}/{pid}"
-    parts: list[str] = []
-    for name in ("comm", "cmdline", "cgroup"):
-        try:
-            parts.append(_read_text(f"{base}/{name}"))
-        except OSError:
-            parts.append("")
-    comm, cmdline, cgroup = parts
+def _process_info(
+    opener: Opener, pid_dfd: int, pid: int, comm: str | None, start_time: int | None
+) -> ProcessInfo:
+    """comm (unless known from ``stat``), cmdline and cgroup, relative to the process dir."""
+    if comm is None:
+        comm = _text_at(opener, "comm", pid_dfd).rstrip("\n")
+    cmdline = _text_at(opener, "cmdline", pid_dfd)
+    cgroup = _text_at(opener, "cgroup", pid_dfd)
     return ProcessInfo(
         pid=pid,
-        comm=comm.rstrip("\n"),
+        comm=comm,
         cmdline=cmdline.replace("\0", " ").strip(),
         container=container_from_cgroup(cgroup),
+        start_time=start_time,
+        cgroup=primary_cgroup(cgroup),
     )
 
 
-def _quick_key(data: bytes) -> tuple[str, int] | None:
+def read_process_info(proc_dir: str, pid: int, opener: Opener = os.open) -> ProcessInfo:
+    """Read comm, cmdline and cgroup of a process; missing pieces become empty."""
+    try:
+        pid_dfd = opener(f"{proc_dir}/{pid}", _DIR_FLAGS)
+    except OSError:
+        return ProcessInfo(pid=pid, comm="", cmdline="", container=None)
+    try:
+        parsed = _stat_of(opener, pid_dfd)
+        comm, start = (parsed[0], parsed[1]) if parsed is not None else (None, None)
+        return _process_info(opener, pid_dfd, pid, comm, start)
+    finally:
+        os.close(pid_dfd)
+
+
+def _stat_of(opener: Opener, pid_dfd: int) -> tuple[str, int] | None:
+    try:
+        return parse_stat(_read_at(opener, "stat", pid_dfd))
+    except OSError:
+        return None
+
+
+def _quick_key(data: bytes) -> ClientKey | None:
     """The client key without a full parse (a repeated client need not be parsed again)."""
     cid = _CLIENT_ID_RE.search(data)
     if cid is None:
@@ -149,124 +318,358 @@ def _quick_key(data: bytes) -> tuple[str, int] | None:
     return (pdev.group(1).decode("ascii", "replace") if pdev else UNKNOWN_PDEV, int(cid.group(1)))
 
 
-def _namespace_key(pid_dir: str) -> str:
-    """The mount namespace of a process: the context in which its fd link targets resolve."""
-    try:
-        return os.readlink(f"{pid_dir}/ns/mnt")
-    except OSError:
-        return ""
+@dataclass(slots=True)
+class _Rep:
+    """An open file already read: a descriptor holding it and what its fdinfo said."""
+
+    pid: int
+    fd: int
+    key: ClientKey | None  # None: a DRM descriptor that is not a client
+    start_time: int | None
 
 
-def _drm_descriptors(
-    pid_dir: str, is_drm: IsDrm, cache: dict[tuple[str, str], bool], stats: ScanStats
-) -> list[str] | None:
-    """The DRM descriptors of a process (``None`` when its fd directory is gone or closed).
+# What one DRM descriptor resolved to: a client key, None (not a client), or skipped.
+_SKIP: Literal["skip"] = "skip"
+_Outcome: TypeAlias = ClientKey | Literal["skip"] | None
 
-    Each link target is read first: kernel pseudo files (``socket:``, ``pipe:``,
-    ``anon_inode:``) are never DRM devices, and a path already checked in the same mount
-    namespace is not ``stat()``-ed again.  Otherwise the descriptor itself is
-    ``stat()``-ed (following the link), which works for real and simulated trees alike.
-    """
-    try:
-        dfd = os.open(f"{pid_dir}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        stats.vanished += 1
-        return None
-    except OSError:
-        stats.unreadable += 1
-        return None
-    drm_fds: list[str] = []
-    namespace: str | None = None
-    try:
-        fds = os.listdir(dfd)
-        stats.descriptors += len(fds)
-        for fd in fds:
-            try:
-                target = os.readlink(fd, dir_fd=dfd)
-            except FileNotFoundError:
-                stats.vanished += 1
-                continue
-            except OSError:
-                stats.unreadable += 1
-                continue
-            if target.startswith(_PSEUDO_FILES):
-                continue
-            if namespace is None:
-                namespace = _namespace_key(pid_dir)
-            key = (namespace, target)
-            drm = cache.get(key)
-            if drm is None:
+
+class _Scanner:
+    def __init__(
+        self, proc_dir: str, is_drm: IsDrm, opener: Opener, order: FileOrder | None
+    ) -> None:
+        self.proc_dir = proc_dir
+        self.is_drm = is_drm
+        self.opener = opener
+        self.order = order
+        self.result = ProcScan()
+        self.stats = self.result.stats
+        self.cache: dict[tuple[str, str], bool] = {}
+        self.parsed: dict[bytes, tuple[ClientKey, FdInfo] | None] = {}
+        self.reps: list[_Rep] = []  # sorted by ``order``
+        self.vanished_processes = 0
+
+    # --- descriptors -----------------------------------------------------------------------
+
+    def drm_descriptors(self, pid: int, pid_dfd: int) -> list[str] | None:
+        """The DRM descriptors of a process (``None`` when its fd directory is gone or closed).
+
+        Each link target is read first: kernel pseudo files (``socket:``, ``pipe:``,
+        ``anon_inode:``) are never DRM devices, and a path already checked in the same mount
+        namespace is not ``stat()``-ed again.  Otherwise the descriptor itself is
+        ``stat()``-ed (following the link), which works for real and simulated trees alike.
+        """
+        stats = self.stats
+        try:
+            dfd = self.opener("fd", _DIR_FLAGS, dir_fd=pid_dfd)
+        except FileNotFoundError:
+            stats.vanished += 1
+            self.vanished_processes += 1
+            return None
+        except PermissionError:
+            stats.unreadable += 1
+            stats.unreadable_processes += 1
+            return None
+        except OSError:
+            stats.unreadable += 1
+            return None
+        drm_fds: list[str] = []
+        namespace: str | None = None
+        cache = self.cache
+        readlink = os.readlink
+        try:
+            fds = os.listdir(dfd)
+            stats.descriptors += len(fds)
+            for fd in fds:
                 try:
-                    st = os.stat(fd, dir_fd=dfd)
+                    target = readlink(fd, dir_fd=dfd)
                 except FileNotFoundError:
                     stats.vanished += 1
                     continue
                 except OSError:
                     stats.unreadable += 1
                     continue
-                drm = cache[key] = is_drm(st)
-            if drm:
-                drm_fds.append(fd)
+                if target.startswith(_PSEUDO_FILES):
+                    continue
+                if namespace is None:
+                    namespace = self.namespace_key(pid, pid_dfd)
+                key = (namespace, target)
+                drm = cache.get(key)
+                if drm is None:
+                    try:
+                        st = os.stat(fd, dir_fd=dfd)
+                    except FileNotFoundError:
+                        stats.vanished += 1
+                        continue
+                    except OSError:
+                        stats.unreadable += 1
+                        continue
+                    drm = cache[key] = self.is_drm(st)
+                if drm:
+                    drm_fds.append(fd)
+        except PermissionError:
+            stats.unreadable += 1
+            stats.unreadable_processes += 1
+            return None
+        except OSError:
+            stats.unreadable += 1
+            return None
+        finally:
+            os.close(dfd)
+        return drm_fds
+
+    def namespace_key(self, pid: int, pid_dfd: int) -> str:
+        """The mount namespace in which this process's fd link targets resolve.
+
+        ``mnt:[<inode>]``; when ``ns/mnt`` cannot be read, a key of this process alone, so a
+        path is never taken to mean the same file in two processes of unknown namespaces.
+        """
+        try:
+            return os.readlink("ns/mnt", dir_fd=pid_dfd)
+        except OSError:
+            return f"unreadable:{self.proc_dir}/{pid}"
+
+    # --- fdinfo ----------------------------------------------------------------------------
+
+    def read_fdinfo(self, pid_dfd: int, fd: str, pending: dict[ClientKey, FdInfo]) -> _Outcome:
+        stats = self.stats
+        try:
+            data = _read_at(self.opener, f"fdinfo/{fd}", pid_dfd)
+        except FileNotFoundError:
+            stats.vanished += 1
+            return _SKIP
+        except OSError:
+            stats.unreadable += 1
+            return _SKIP
+        stats.fdinfo_reads += 1
+        # Descriptors of one client print the same text: the common case is a dict hit.
+        if data in self.parsed:
+            known = self.parsed[data]
+            if known is None:
+                stats.not_clients += 1
+                return None
+            key, info = known
+        else:
+            quick = _quick_key(data)
+            if quick is not None and (quick in self.result.clients or quick in pending):
+                return quick
+            info = parse_fdinfo(data.decode("utf-8", "replace"))
+            stats.malformed_lines += info.malformed
+            if not info.is_drm_client or info.client_id is None:
+                self.parsed[data] = None
+                stats.not_clients += 1
+                return None
+            key = (info.pdev or UNKNOWN_PDEV, info.client_id)
+            self.parsed[data] = (key, info)
+        if key not in self.result.clients and key not in pending:
+            pending[key] = info
+        return key
+
+    # --- open files already read -----------------------------------------------------------
+
+    def find_rep(self, pid: int, fd: int, hint: _Rep | None) -> tuple[int, _Rep | None] | None:
+        """``(insert position, equal representative)``; ``None`` when this fd is gone.
+
+        Raises :class:`DedupeUnavailable` when comparing is refused.
+        """
+        order = self.order
+        assert order is not None
+        if hint is not None:
+            try:
+                if order(pid, fd, hint.pid, hint.fd) == 0:
+                    return -1, hint
+            except OSError:
+                pass  # the search below sorts out which side is gone
+        reps = self.reps
+        lo, hi = 0, len(reps)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            rep = reps[mid]
+            try:
+                answer = order(pid, fd, rep.pid, rep.fd)
+            except OSError:
+                try:
+                    order(pid, fd, pid, fd)
+                except OSError:
+                    return None  # our descriptor is gone
+                del reps[mid]  # theirs is: forget it and search again
+                lo, hi = 0, len(reps)
+                continue
+            if answer == 0:
+                return mid, rep
+            if answer < 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo, None
+
+    def still_there(self, rep_pid: int, start_time: int | None) -> bool:
+        """Whether pid ``rep_pid`` is still the process read earlier (same start time).
+
+        A process read without a start time (a tree without ``stat``) cannot be checked.
+        """
+        if start_time is None:
+            return True
+        try:
+            parsed = parse_stat(_read_at(self.opener, f"{self.proc_dir}/{rep_pid}/stat", None))
+        except OSError:
+            return False
+        return parsed is not None and parsed[1] == start_time
+
+    # --- one process -----------------------------------------------------------------------
+
+    def process(self, pid: int, pid_dfd: int, every_holder: bool) -> None:
+        drm_fds = self.drm_descriptors(pid, pid_dfd)
+        if not drm_fds:
+            return
+        stats = self.stats
+        opener = self.opener
+        # The start time, read once the process is known to matter, and again at the end
+        # through the same open file (pread), after every other read of the process.
+        try:
+            stat_fd: int | None = opener("stat", _FILE_FLAGS, dir_fd=pid_dfd)
+        except OSError:
+            stat_fd = None  # no stat (a simulated tree), or the process is gone
+        try:
+            first = parse_stat(os.pread(stat_fd, 4096, 0)) if stat_fd is not None else None
+            comm, start = (first[0], first[1]) if first is not None else (None, None)
+            pending: dict[ClientKey, FdInfo] = {}
+            outcomes: list[_Outcome] = []
+            mine: list[_Rep] = []
+            others: set[tuple[int, int | None]] = set()
+            hint: _Rep | None = None
+            for fd in drm_fds:
+                stats.drm_descriptors += 1
+                found: tuple[int, _Rep | None] | None = (-1, None)
+                if self.order is not None:
+                    try:
+                        found = self.find_rep(pid, int(fd), hint)
+                    except DedupeUnavailable:
+                        self.order = None
+                        self.result.dedupe = "client-id"
+                        found = (-1, None)
+                if found is None:
+                    stats.vanished += 1
+                    continue
+                position, rep = found
+                if rep is not None:
+                    stats.fdinfo_reads_saved += 1
+                    if rep.key is None:
+                        stats.not_clients += 1
+                    if rep.pid != pid:
+                        others.add((rep.pid, rep.start_time))
+                    outcomes.append(rep.key)
+                    hint = rep
+                    continue
+                outcome = self.read_fdinfo(pid_dfd, fd, pending)
+                outcomes.append(outcome)
+                if outcome != _SKIP and self.order is not None and position >= 0:
+                    key = outcome if isinstance(outcome, tuple) else None
+                    hint = _Rep(pid, int(fd), key, start)
+                    self.reps.insert(position, hint)
+                    mine.append(hint)
+            keys = [o for o in outcomes if isinstance(o, tuple)]
+            info: ProcessInfo | None = None
+            if pending or (every_holder and keys):
+                info = _process_info(opener, pid_dfd, pid, comm, start)
+            confirmed = all(self.still_there(p, t) for p, t in others)
+            if stat_fd is not None:
+                try:
+                    last = parse_stat(os.pread(stat_fd, 4096, 0))
+                except OSError:
+                    last = None
+                confirmed = confirmed and last is not None and last[1] == start
+        finally:
+            if stat_fd is not None:
+                os.close(stat_fd)
+        if not confirmed:
+            # Another process answered some of these reads: keep nothing of them.
+            stats.reused += 1
+            mine_ids = {id(rep) for rep in mine}
+            self.reps = [rep for rep in self.reps if id(rep) not in mine_ids]
+            return
+        clients = self.result.clients
+        for key in keys:
+            client = clients.get(key)
+            if client is None:
+                client = clients[key] = DrmClient(
+                    pdev=key[0], client_id=key[1], fdinfo=pending[key]
+                )
+            client.pids.add(pid)
+            client.descriptors += 1
+        if info is not None:
+            self.result.processes[pid] = info
+
+    def check_permissions(self) -> None:
+        stats = self.stats
+        examined = stats.processes - self.vanished_processes
+        denied = stats.unreadable_processes
+        if denied > UNREADABLE_MIN and denied * 2 > examined:
+            raise ScanPermissionError(denied, examined)
+
+
+def _same_proc(opener: Opener, proc_dfd: int) -> bool:
+    """Whether the tree is the ``/proc`` of this PID namespace (kcmp takes its pids)."""
+    try:
+        return os.readlink("self", dir_fd=proc_dfd) == str(os.getpid())
     except OSError:
-        stats.unreadable += 1
-        return None
-    finally:
-        os.close(dfd)
-    return drm_fds
+        return False
 
 
-def scan_proc(root: str = "/", is_drm: IsDrm = is_drm_char_device) -> ProcScan:
+def scan_proc(
+    root: str = "/",
+    is_drm: IsDrm = is_drm_char_device,
+    *,
+    opener: Opener | None = None,
+    compare: FileOrder | Literal["auto", "off"] = "auto",
+    every_holder: bool = False,
+) -> ProcScan:
     """Scan ``<root>/proc`` for DRM clients.
 
     ``is_drm`` decides from a descriptor's ``stat()`` whether it is a DRM device; tests may
-    inject another predicate.  Raises ``OSError`` only when ``<root>/proc`` itself cannot be
-    listed.
+    inject another predicate.  Every file and directory is opened through ``opener``
+    (default ``os.open``; tests inject failures or changes between reads).  ``compare`` finds
+    descriptors sharing an open file before their fdinfo is read: ``"auto"`` uses ``kcmp`` on
+    the real ``/proc`` of this PID namespace, ``"off"`` reads every DRM fdinfo, a
+    :data:`FileOrder` is used as given.  ``every_holder`` reads the naming details of every
+    process holding a client, not only of the lowest pid.
+
+    Raises ``OSError`` when ``<root>/proc`` itself cannot be listed, and
+    :class:`ScanPermissionError` when more than :data:`UNREADABLE_MIN` processes, and more
+    than half of those examined, refused their fd directory.
     """
+    if opener is None:
+        opener = os.open  # looked up now: a test may patch it
     proc_dir = os.path.join(root, "proc")
-    result = ProcScan()
-    stats = result.stats
-    cache: dict[tuple[str, str], bool] = {}
-    by_text: dict[bytes, DrmClient] = {}
-    with os.scandir(proc_dir) as entries:
-        pids = [int(e.name) for e in entries if e.name.isdigit()]
-    for pid in pids:
-        stats.processes += 1
-        pid_dir = f"{proc_dir}/{pid}"
-        drm_fds = _drm_descriptors(pid_dir, is_drm, cache, stats)
-        if not drm_fds:
-            continue
-        for fd in drm_fds:
-            stats.drm_descriptors += 1
+    proc_dfd = opener(proc_dir, _DIR_FLAGS)
+    try:
+        order: FileOrder | None
+        if compare == "off":
+            order, dedupe = None, "client-id"
+        elif compare == "auto":
+            order = kcmp_file_order() if _same_proc(opener, proc_dfd) else None
+            dedupe = "kcmp" if order is not None else "client-id"
+        else:
+            order, dedupe = compare, "compare"
+        scanner = _Scanner(proc_dir, is_drm, opener, order)
+        scanner.result.dedupe = dedupe
+        stats = scanner.stats
+        pids = sorted(int(name) for name in os.listdir(proc_dfd) if name.isdigit())
+        for pid in pids:
+            stats.processes += 1
             try:
-                data = _read_bytes(f"{pid_dir}/fdinfo/{fd}")
+                pid_dfd = opener(str(pid), _DIR_FLAGS, dir_fd=proc_dfd)
             except FileNotFoundError:
                 stats.vanished += 1
+                scanner.vanished_processes += 1
                 continue
             except OSError:
                 stats.unreadable += 1
                 continue
-            # Descriptors of one client print the same text: the common case is a dict hit.
-            client = by_text.get(data)
-            if client is None:
-                key = _quick_key(data)
-                client = result.clients.get(key) if key is not None else None
-            if client is None:
-                info = parse_fdinfo(data.decode("utf-8", "replace"))
-                stats.malformed_lines += info.malformed
-                if not info.is_drm_client or info.client_id is None:
-                    stats.not_clients += 1
-                    continue
-                full_key = (info.pdev or UNKNOWN_PDEV, info.client_id)
-                client = result.clients.get(full_key)
-                if client is None:
-                    client = DrmClient(pdev=full_key[0], client_id=full_key[1], fdinfo=info)
-                    result.clients[full_key] = client
-            by_text[data] = client
-            client.pids.add(pid)
-            client.descriptors += 1
-    # Naming reads comm, cmdline and cgroup of one process per client: the lowest pid.
-    for client in result.clients.values():
-        pid = min(client.pids)
-        if pid not in result.processes:
-            result.processes[pid] = read_process_info(proc_dir, pid)
-    return result
+            try:
+                scanner.process(pid, pid_dfd, every_holder)
+            finally:
+                os.close(pid_dfd)
+    finally:
+        os.close(proc_dfd)
+    scanner.check_permissions()
+    return scanner.result

@@ -62,7 +62,13 @@ from cardshare.arbiter.rules import (
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, next_phase
 from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir, write_atomic
 from cardshare.docker_api import DockerError
-from cardshare.errors import VRAM_MAX_ATTEMPTS, is_insufficient_vram_error, oom_killed_message
+from cardshare.errors import (
+    VRAM_MAX_ATTEMPTS,
+    ErrorKind,
+    classify_tail,
+    is_insufficient_vram_error,
+    oom_killed_message,
+)
 
 log = logging.getLogger("cardshare.arbiter")
 T = TypeVar("T")
@@ -263,10 +269,11 @@ class Engine:
             tail = await self.containers.logs_tail(role)
         except DockerError:
             tail = ""
-        vram = [line for line in tail.splitlines() if is_insufficient_vram_error(line)]
-        if vram:
+        # the tail as a whole: a message wrapped over two lines still matches
+        verdict = classify_tail(tail)
+        if verdict.kind is ErrorKind.INSUFFICIENT_VRAM:
             return ContainerFailure(
-                FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {vram[-1].strip()[:300]}"
+                FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {verdict.excerpt[:400]}"
             )
         status = st.status or "not running"
         return ContainerFailure(

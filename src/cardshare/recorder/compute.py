@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cardshare.fdinfo import FdInfo
+from cardshare.naming import naming_pid
 from cardshare.procscan import DrmClient, ProcessInfo, ProcScan
 
 __all__ = [
@@ -23,7 +24,9 @@ __all__ = [
     "busy_ratio",
     "client_busy",
     "counters_of",
+    "interval_ns",
     "iso_utc",
+    "usable_previous",
 ]
 
 SCHEMA_VERSION = 1
@@ -76,7 +79,8 @@ def client_busy(
 ) -> tuple[dict[str, float | None], Counters]:
     """Busy share per engine class since ``prev`` and the counters to keep for next time.
 
-    xe: Δcycles / (Δtotal-cycles * capacity).  i915 (nanoseconds): Δbusy / (Δwall * capacity).
+    xe: Δcycles / (Δtotal-cycles * capacity).  i915, amdgpu (nanoseconds): Δbusy / (Δt * capacity)
+    where ``wall_ns`` (Δt) is measured on the boot-time clock by :func:`build_snapshot`.
     A class without a previous value (new client, first scan) has ``None``.
     """
     cur = counters_of(info)
@@ -104,11 +108,18 @@ def client_busy(
     return ratios, held
 
 
-def _name_of_client(client: DrmClient, names: Mapping[int, str]) -> str:
-    for pid in sorted(client.pids):
-        if pid in names:
-            return names[pid]
-    return "unknown"
+def _name_of_client(
+    client: DrmClient, names: Mapping[int, str], processes: Mapping[int, ProcessInfo]
+) -> tuple[str, int]:
+    """The client's name and the pid that names it: not a broker such as logind that holds
+    the descriptor for a session (naming.naming_pid), else the lowest pid with a name."""
+    pid = naming_pid(client.pids, processes)
+    if pid in names:
+        return names[pid], pid
+    for other in sorted(client.pids):
+        if other in names:
+            return names[other], other
+    return "unknown", pid
 
 
 def _sum_busy(values: list[float | None]) -> float | None:
@@ -119,18 +130,39 @@ def _sum_busy(values: list[float | None]) -> float | None:
 
 
 def usable_previous(
-    state: Mapping[str, Any] | None, now_ns: int, boot_id: str | None
+    state: Mapping[str, Any] | None,
+    now_ns: int,
+    boot_id: str | None,
+    boot_ns: int | None = None,
 ) -> Mapping[str, Any] | None:
-    """The previous state when its counters can be compared with now (same boot, earlier)."""
+    """The previous state when its counters can be compared with now: same boot, earlier.
+
+    A different boot id, or a boot-time clock that went backwards, is a reboot: the counters
+    restarted and the interval is discarded.  With the boot-time clock on both sides the wall
+    clock is not consulted, so an NTP step (forwards or backwards) changes nothing; a state
+    written before the boot-time clock was recorded falls back to the wall clock.
+    """
     if not state or state.get("version") != STATE_VERSION:
         return None
+    if not isinstance(state.get("clients"), dict):
+        return None
     ts = state.get("timestamp_ns")
-    if not isinstance(ts, int) or ts >= now_ns:
+    if not isinstance(ts, int):
         return None
     if boot_id is not None and state.get("boot_id") not in (None, boot_id):
         return None
-    clients = state.get("clients")
-    return state if isinstance(clients, dict) else None
+    prev_boot = state.get("boottime_ns")
+    if boot_ns is not None and isinstance(prev_boot, int):
+        return state if prev_boot < boot_ns else None
+    return state if ts < now_ns else None
+
+
+def interval_ns(prev: Mapping[str, Any], now_ns: int, boot_ns: int | None = None) -> int:
+    """Time since a usable previous state: on the boot-time clock when both sides have it."""
+    prev_boot = prev.get("boottime_ns")
+    if boot_ns is not None and isinstance(prev_boot, int):
+        return boot_ns - prev_boot
+    return now_ns - int(prev["timestamp_ns"])
 
 
 def build_snapshot(
@@ -141,24 +173,35 @@ def build_snapshot(
     now_ns: int,
     host: str,
     boot_id: str | None = None,
+    boot_ns: int | None = None,
 ) -> tuple[JsonDict, JsonDict]:
-    """Return ``(snapshot, state)`` for one scan (see :mod:`cardshare.recorder` for schemas)."""
-    prev = usable_previous(prev_state, now_ns, boot_id)
-    wall_ns = now_ns - int(prev["timestamp_ns"]) if prev is not None else None
+    """Return ``(snapshot, state)`` for one scan (see :mod:`cardshare.recorder` for schemas).
+
+    ``now_ns`` is wall-clock time (the snapshot's timestamp); ``boot_ns`` the boot-time clock
+    (``CLOCK_BOOTTIME``), which measures the interval when known on both sides.
+    """
+    prev = usable_previous(prev_state, now_ns, boot_id, boot_ns)
+    span_ns = interval_ns(prev, now_ns, boot_ns) if prev is not None else None
     prev_clients: Mapping[str, Any] = prev["clients"] if prev is not None else {}
     processes: Mapping[int, ProcessInfo] = scan.processes
 
     state_clients: dict[str, Counters] = {}
     # card -> name -> aggregate
     groups: dict[str, dict[str, JsonDict]] = {}
+    # card -> VRAM of all its DRM clients: private bytes summed, shared bytes counted once
+    card_memory: dict[str, dict[str, int]] = {}
     for (pdev, client_id), client in sorted(scan.clients.items()):
         key = client.key
         prev_counters = prev_clients.get(key)
         ratios, held = client_busy(
-            prev_counters if isinstance(prev_counters, dict) else None, client.fdinfo, wall_ns
+            prev_counters if isinstance(prev_counters, dict) else None, client.fdinfo, span_ns
         )
-        state_clients[key] = held
-        name = _name_of_client(client, names)
+        # Engine capacity (>1 only) kept with the counters for the Prometheus textfile.
+        capacity = {
+            c: u.capacity for c, u in sorted(client.fdinfo.engines.items()) if u.capacity > 1
+        }
+        state_clients[key] = {**held, "capacity": capacity} if capacity else held
+        name, named_by = _name_of_client(client, names, processes)
         group = groups.setdefault(pdev, {}).setdefault(
             name,
             {
@@ -166,6 +209,7 @@ def build_snapshot(
                 "vram_bytes": 0,
                 "system_bytes": 0,
                 "gtt_bytes": 0,
+                "vram_shared_bytes": 0,
                 "_engines": {},
                 "pids": set(),
                 "containers": set(),
@@ -177,22 +221,26 @@ def build_snapshot(
         group["vram_bytes"] += info.vram_bytes
         group["system_bytes"] += info.system_bytes
         group["gtt_bytes"] += info.gtt_bytes
+        group["vram_shared_bytes"] += info.vram_shared_bytes
+        card_vram = card_memory.setdefault(pdev, {"private": 0, "shared": 0})
+        card_vram["private"] += info.vram_bytes - info.vram_shared_bytes
+        card_vram["shared"] = max(card_vram["shared"], info.vram_shared_bytes)
         for cls, ratio in ratios.items():
             group["_engines"].setdefault(cls, []).append(ratio)
         group["drm_client_ids"].append(client_id)
-        for pid in client.pids:
-            group["pids"].add(pid)
-            proc = processes.get(pid)
-            if proc is not None:
-                if proc.container is not None:
-                    group["containers"].add(proc.container.id)
-                if proc.comm:
-                    group["commands"].add(proc.comm)
+        group["pids"].update(client.pids)
+        proc = processes.get(named_by)  # a broker's comm and container are not the client's
+        if proc is not None:
+            if proc.container is not None:
+                group["containers"].add(proc.container.id)
+            if proc.comm:
+                group["commands"].add(proc.comm)
 
     drivers = {c.pdev: c.fdinfo.driver for c in scan.clients.values()}
     cards_out: JsonDict = {}
     for pdev in sorted(set(cards) | set(groups)):
         card = cards.get(pdev, CardInfo())
+        used = card_memory.get(pdev, {"private": 0, "shared": 0})
         clients_out = []
         for name in sorted(groups.get(pdev, {})):
             g = groups[pdev][name]
@@ -202,6 +250,7 @@ def build_snapshot(
                     "vram_bytes": g["vram_bytes"],
                     "system_bytes": g["system_bytes"],
                     "gtt_bytes": g["gtt_bytes"],
+                    "vram_shared_bytes": g["vram_shared_bytes"],
                     "engines": {cls: _sum_busy(v) for cls, v in sorted(g["_engines"].items())},
                     "pids": sorted(g["pids"]),
                     "containers": sorted(g["containers"]),
@@ -212,7 +261,8 @@ def build_snapshot(
         cards_out[pdev] = {
             "driver": card.driver or drivers.get(pdev),
             "vram_total_bytes": card.vram_total,
-            "vram_used_bytes": sum(c["vram_bytes"] for c in clients_out),
+            "vram_used_bytes": used["private"] + used["shared"],
+            "vram_shared_bytes": used["shared"],
             "clients": clients_out,
         }
 
@@ -220,7 +270,7 @@ def build_snapshot(
         "schema": SCHEMA_VERSION,
         "timestamp": iso_utc(now_ns),
         "timestamp_unix": round(now_ns / 1e9, 3),
-        "interval_seconds": round(wall_ns / 1e9, 3) if wall_ns is not None else None,
+        "interval_seconds": round(span_ns / 1e9, 3) if span_ns is not None else None,
         "host": host,
         "cards": cards_out,
         "stats": scan.stats.as_dict(),
@@ -228,6 +278,7 @@ def build_snapshot(
     state: JsonDict = {
         "version": STATE_VERSION,
         "timestamp_ns": now_ns,
+        "boottime_ns": boot_ns,
         "boot_id": boot_id,
         "clients": state_clients,
     }

@@ -5,16 +5,30 @@ Each history line (a snapshot) stands for the interval since the previous scan: 
 ``max_interval`` so a host that was down does not count as busy.  A client is *active* on an
 engine class in a scan when its busy share there is above 0.  ``busy_minutes`` weighs the
 interval by the share.  VRAM mean is over the scans where the client was present.
+
+A month's history is ``history/YYYY-MM.jsonl`` while open and ``history/YYYY-MM.jsonl.gz``
+once closed (the scan compresses it); :func:`read_month` reads either or both, transparently.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ClientMonth", "MonthReport", "build_report", "format_report", "parse_lines"]
+from cardshare.recorder.output import OutputError
+
+__all__ = [
+    "ClientMonth",
+    "MonthReport",
+    "build_report",
+    "format_report",
+    "parse_lines",
+    "read_month",
+]
 
 
 @dataclass(slots=True)
@@ -87,6 +101,40 @@ def parse_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
         snapshots.append(doc)
     snapshots.sort(key=lambda d: float(d["timestamp_unix"]))
     return snapshots, bad
+
+
+def _file_lines(path: Path) -> list[str]:
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as packed:
+            return packed.readlines()
+    with open(path, encoding="utf-8", errors="replace") as plain:
+        return plain.readlines()
+
+
+def read_month(history_dir: Path, month: str) -> tuple[list[dict[str, Any]], int]:
+    """Snapshots of a month (``YYYY-MM``) from ``YYYY-MM.jsonl.gz`` and/or ``YYYY-MM.jsonl``.
+
+    Both files are read when both exist (a line appended after the month was closed); a line
+    in both (a scan died between writing the archive and removing the plain file) counts once:
+    snapshot lines are unique by their timestamp, so exact repeats are dropped.
+
+    Raises ``OutputError``: ``no history for 2026-08: <dir>/2026-08.jsonl does not exist``
+    when neither file exists, ``cannot read <path>: <reason>`` when one cannot be read (a
+    damaged archive included).
+    """
+    plain = history_dir / f"{month}.jsonl"
+    archive = history_dir / f"{month}.jsonl.gz"
+    paths = [p for p in (archive, plain) if p.exists()]
+    if not paths:
+        raise OutputError(f"no history for {month}: {plain} does not exist")
+    lines: dict[str, None] = {}
+    for path in paths:
+        try:
+            lines.update(dict.fromkeys(_file_lines(path)))
+        except (OSError, EOFError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise OutputError(f"cannot read {path}: {reason}") from None
+    return parse_lines(lines)
 
 
 def _interval(doc: dict[str, Any], previous: float | None, max_interval: float) -> float:

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cardshare.fdinfo import EngineUsage, RegionMemory, parse_fdinfo, parse_size, parse_uint
+from cardshare.fdinfo import (
+    REGION_TABLE,
+    EngineUsage,
+    RegionMemory,
+    parse_fdinfo,
+    parse_size,
+    parse_uint,
+    region_class,
+)
 
 KIB = 1024
 MIB = 1024**2
@@ -200,3 +208,105 @@ def test_is_drm_client(text: str, is_client: bool) -> None:
 def test_capacity_below_one_counts_as_one() -> None:
     info = parse_fdinfo("drm-cycles-ccs: 5\ndrm-engine-capacity-ccs: 0\n")
     assert info.engines["ccs"].capacity == 1
+
+
+# -- memory regions by driver (issue 9, item 4) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("driver", "region", "cls"),
+    [
+        # xe: xe_drm_client.c mem_type_to_name[]
+        ("xe", "system", "system"),
+        ("xe", "gtt", "gtt"),
+        ("xe", "vram0", "vram"),
+        ("xe", "vram1", "vram"),
+        ("xe", "stolen", "stolen"),
+        # i915: intel_memory_region.c uabi_name "%s%u"
+        ("i915", "system0", "system"),
+        ("i915", "local0", "vram"),
+        ("i915", "local1", "vram"),
+        ("i915", "stolen-system0", "stolen"),
+        ("i915", "stolen-local0", "stolen"),
+        # amdgpu: amdgpu_fdinfo.c pl_name[]
+        ("amdgpu", "vram", "vram"),
+        ("amdgpu", "gtt", "gtt"),
+        ("amdgpu", "cpu", "system"),
+        ("amdgpu", "gds", "other"),
+        ("amdgpu", "gws", "other"),
+        ("amdgpu", "oa", "other"),
+        ("amdgpu", "doorbell", "other"),
+        ("amdgpu", "mmioremap", "other"),
+        # drm-usage-stats.rst: "memory" is reserved for system memory, any driver
+        ("amdxdna", "memory", "system"),
+        (None, "memory", "system"),
+        # fallbacks and near misses
+        ("xe", "vram", "vram"),
+        ("i915", "system", "system"),
+        ("i915", "stolen-local", "stolen"),
+        ("xe", "cpu", "other"),  # "cpu" is amdgpu's name only
+        ("xe", "vram0x", "other"),
+        ("i915", "localfoo", "other"),
+        ("xe", "", "other"),
+    ],
+)
+def test_region_class(driver: str | None, region: str, cls: str) -> None:
+    assert region_class(driver, region) == cls
+
+
+def test_region_table_has_every_driver_and_class() -> None:
+    drivers = {d for d, _, _ in REGION_TABLE}
+    assert {"xe", "i915", "amdgpu", "*"} <= drivers
+    assert {c for _, _, c in REGION_TABLE} == {"vram", "system", "gtt", "stolen", "other"}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "driver", "vram", "vram_shared", "system", "gtt", "stolen"),
+    [
+        ("xe-doc.txt", "xe", 23992 * KIB, 16 * MIB, 0, 192 * KIB, 0),
+        ("i915-dg2-regions.txt", "i915", 512 * MIB, 64 * MIB, 8396 * KIB, 0, 0),
+        ("amdgpu-format.txt", "amdgpu", 1612 * MIB, 8 * MIB, 4 * MIB, 18 * MIB, 0),
+        ("amdgpu-legacy.txt", "amdgpu", 256 * MIB, 0, 512 * KIB, 2 * MIB, 0),
+    ],
+)
+def test_memory_by_driver_from_real_formats(
+    rec_fixtures: Path,
+    fixture: str,
+    driver: str,
+    vram: int,
+    vram_shared: int,
+    system: int,
+    gtt: int,
+    stolen: int,
+) -> None:
+    info = parse_fdinfo((rec_fixtures / "fdinfo" / fixture).read_text())
+    assert info.driver == driver
+    assert info.malformed == 0
+    assert (
+        info.vram_bytes,
+        info.vram_shared_bytes,
+        info.system_bytes,
+        info.gtt_bytes,
+        info.stolen_bytes,
+    ) == (vram, vram_shared, system, gtt, stolen)
+
+
+def test_amdgpu_private_resources_are_not_memory(rec_fixtures: Path) -> None:
+    info = parse_fdinfo((rec_fixtures / "fdinfo" / "amdgpu-format.txt").read_text())
+    assert info.resident_bytes("doorbell") == 8 * KIB
+    assert info.system_bytes + info.gtt_bytes + info.vram_bytes == 1612 * MIB + 22 * MIB
+    assert info.engines["compute"] == EngineUsage(busy_ns=1028374600)
+    assert info.other["amd-requested-vram"] == "1650688 KiB"
+
+
+@pytest.mark.parametrize(
+    ("text", "shared"),
+    [
+        ("drm-resident-vram0: 4 MiB\ndrm-shared-vram0: 1 MiB\n", MIB),
+        ("drm-resident-vram0: 1 MiB\ndrm-shared-vram0: 4 MiB\n", MIB),  # not all resident
+        ("drm-shared-vram0: 4 MiB\n", 0),
+        ("drm-resident-gtt: 4 MiB\ndrm-shared-gtt: 4 MiB\n", 0),
+    ],
+)
+def test_vram_shared_is_capped_by_resident(text: str, shared: int) -> None:
+    assert parse_fdinfo("drm-driver: xe\n" + text).vram_shared_bytes == shared

@@ -199,6 +199,7 @@ def test_snapshot_aggregates_by_name(rec_tree: Any, rec_make_fdinfo: Callable[..
         "vram_bytes": 4 * 1024**2,
         "system_bytes": 0,
         "gtt_bytes": 2 * 192 * 1024,
+        "vram_shared_bytes": 0,
         "engines": {"ccs": 1.0},  # 0.25 + 0.75
         "pids": [100, 101],
         "containers": [],
@@ -211,6 +212,7 @@ def test_snapshot_aggregates_by_name(rec_tree: Any, rec_make_fdinfo: Callable[..
         "driver": "xe",
         "vram_total_bytes": None,
         "vram_used_bytes": 0,
+        "vram_shared_bytes": 0,
         "clients": [],
     }
 
@@ -258,3 +260,29 @@ def test_unknown_client_name(rec_tree: Any, rec_make_fdinfo: Callable[..., str])
     scan.processes[1] = ProcessInfo(1, "", "", None)
     snapshot, _ = build_snapshot(scan, {}, {}, None, S, "h")
     assert snapshot["cards"]["0000:03:00.0"]["clients"][0]["name"] == "unknown"
+
+
+def test_a_broker_holding_the_descriptor_does_not_name_the_client(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """systemd-logind (the lower pid) holds the DRM file of a session's compositor: the client
+    is the compositor's, by name and by command; the broker's pid stays among the holders."""
+    rec_tree.process(812)
+    rec_tree.process(2301)
+    rec_tree.drm_fd(812, 3, rec_make_fdinfo(7))
+    rec_tree.drm_fd(2301, 9, rec_make_fdinfo(7))
+    scan = scan_proc(str(rec_tree.root), rec_tree.is_drm, every_holder=True)
+    scan.processes[812] = ProcessInfo(
+        812, "systemd-logind", "", None, cgroup="/system.slice/systemd-logind.service"
+    )
+    scan.processes[2301] = ProcessInfo(
+        2301, "gnome-shell", "", None, cgroup="/user.slice/user-1000.slice/session-2.scope"
+    )
+    names = {812: "systemd-logind", 2301: "gnome-shell"}
+    snapshot, _ = build_snapshot(scan, names, {}, None, S, "h")
+    (client,) = snapshot["cards"]["0000:03:00.0"]["clients"]
+    assert (client["name"], client["commands"], client["pids"]) == (
+        "gnome-shell",
+        ["gnome-shell"],
+        [812, 2301],
+    )

@@ -89,7 +89,9 @@ def _resolver(names: dict[str, str | None]) -> EngineApiResolver:
         (None, "Plex Transcoder", "/usr/lib/plexmediaserver/Plex Transcoder -i x", {}, "plex"),
         (None, "python3", "python3 main.py", {}, "python3"),
         (None, "", "", {}, "unknown"),
-        (ContainerRef("docker", CID), "", "", {}, "docker-0123456789ab"),
+        (ContainerRef("docker", CID), "", "", {}, "docker:0123456789ab"),
+        # an unresolved container is named by its id, never by its command (issue 9)
+        (ContainerRef("docker", CID), "python3", "python3 -m vllm", {}, "docker:0123456789ab"),
     ],
 )
 def test_client_name_order(

@@ -155,7 +155,16 @@ def test_prune_history(tmp_path: Path) -> None:
 def test_prometheus_text() -> None:
     snapshot = {
         "timestamp_unix": 1790424000.0,
-        "stats": {"processes": 3, "vanished": 1, "unreadable": 0, "not_clients": 0},
+        "stats": {
+            "processes": 3,
+            "vanished": 1,
+            "unreadable": 0,
+            "not_clients": 0,
+            "unreadable_processes": 2,
+            "reused": 1,
+            "fdinfo_reads": 2,
+            "fdinfo_reads_saved": 3,
+        },
         "cards": {
             "0000:03:00.0": {
                 "driver": "xe",
@@ -183,23 +192,42 @@ def test_prometheus_text() -> None:
         "# HELP cardshare_scan_processes Processes seen by the last scan.",
         "# TYPE cardshare_scan_processes gauge",
         "cardshare_scan_processes 3",
+        "# HELP cardshare_scan_fdinfo_reads DRM fdinfo files the last scan read (each read wakes"
+        " an xe card).",
+        "# TYPE cardshare_scan_fdinfo_reads gauge",
+        "cardshare_scan_fdinfo_reads 2",
+        "# HELP cardshare_scan_fdinfo_reads_saved DRM descriptors the last scan did not read: they"
+        " share an open file already read.",
+        "# TYPE cardshare_scan_fdinfo_reads_saved gauge",
+        "cardshare_scan_fdinfo_reads_saved 3",
         "# HELP cardshare_scan_skipped Processes, descriptors or files skipped by the last scan.",
         "# TYPE cardshare_scan_skipped gauge",
         'cardshare_scan_skipped{reason="vanished"} 1',
         'cardshare_scan_skipped{reason="unreadable"} 0',
         'cardshare_scan_skipped{reason="not_clients"} 0',
+        'cardshare_scan_skipped{reason="unreadable_processes"} 2',
+        'cardshare_scan_skipped{reason="reused"} 1',
         "# HELP cardshare_card_vram_total_bytes Device memory of the card (sysfs).",
         "# TYPE cardshare_card_vram_total_bytes gauge",
         f"cardshare_card_vram_total_bytes{{{card}}} 100",
-        "# HELP cardshare_card_vram_used_bytes Resident device memory of all clients of the card.",
+        "# HELP cardshare_card_vram_used_bytes Resident device memory of all clients of the card, "
+        "shared buffers counted once.",
         "# TYPE cardshare_card_vram_used_bytes gauge",
         f"cardshare_card_vram_used_bytes{{{card}}} 40",
+        "# HELP cardshare_card_vram_shared_bytes Part of the card's used device memory in buffers "
+        "shared between DRM files.",
+        "# TYPE cardshare_card_vram_shared_bytes gauge",
+        f"cardshare_card_vram_shared_bytes{{{card}}} 0",
         "# HELP cardshare_card_clients Named clients on the card.",
         "# TYPE cardshare_card_clients gauge",
         f"cardshare_card_clients{{{card}}} 1",
         "# HELP cardshare_client_vram_bytes Resident device memory of a named client.",
         "# TYPE cardshare_client_vram_bytes gauge",
         f"cardshare_client_vram_bytes{{{c}}} 40",
+        "# HELP cardshare_client_vram_shared_bytes Part of a named client's device memory in "
+        "buffers shared with another DRM file.",
+        "# TYPE cardshare_client_vram_shared_bytes gauge",
+        f"cardshare_client_vram_shared_bytes{{{c}}} 0",
         "# HELP cardshare_client_system_bytes Resident system memory of a named client.",
         "# TYPE cardshare_client_system_bytes gauge",
         f"cardshare_client_system_bytes{{{c}}} 1",
@@ -213,7 +241,25 @@ def test_prometheus_text() -> None:
         "last scan.",
         "# TYPE cardshare_client_engine_busy_ratio gauge",
         f'cardshare_client_engine_busy_ratio{{{c},engine="ccs"}} 0.5',
+        *_COUNTER_HEADERS,
     ]
+
+
+# The counter families, empty when no state is given.
+_COUNTER_HEADERS = [
+    "# HELP cardshare_drm_client_engine_cycles_total GPU cycles a DRM client's work ran on an "
+    "engine class (xe drm-cycles).",
+    "# TYPE cardshare_drm_client_engine_cycles_total counter",
+    "# HELP cardshare_drm_client_engine_total_cycles_total GPU cycles elapsed on an engine "
+    "class, busy or not (xe drm-total-cycles).",
+    "# TYPE cardshare_drm_client_engine_total_cycles_total counter",
+    "# HELP cardshare_drm_client_engine_busy_seconds_total Time a DRM client's work ran on an "
+    "engine class (i915, amdgpu drm-engine, ns / 1e9).",
+    "# TYPE cardshare_drm_client_engine_busy_seconds_total counter",
+    "# HELP cardshare_drm_client_engine_capacity Engines of the class a DRM client may use "
+    "(drm-engine-capacity, 1 when not printed).",
+    "# TYPE cardshare_drm_client_engine_capacity gauge",
+]
 
 
 def _tree(tree: Any, make: Callable[..., str], busy: int, total: int) -> None:
@@ -258,7 +304,7 @@ def test_run_scan_twice(rec_tree: Any, rec_make_fdinfo: Callable[..., str], tmp_
         "2026-09-26T12:01:00Z",
     ]
     assert sorted(os.listdir(data / "history")) == ["2026-09.jsonl"]
-    assert sorted(os.listdir(data)) == ["current.json", "history", "state.json"]
+    assert sorted(os.listdir(data)) == ["current.json", "history", "scan.lock", "state.json"]
     assert (
         'cardshare_client_engine_busy_ratio{client="plex",card="0000:03:00.0",engine="vcs"} 0.1'
         in (textfile.read_text())

@@ -50,7 +50,12 @@ def test_shared_descriptors_count_once(rec_tree: Any, rec_make_fdinfo: Callable[
         "unreadable": 0,
         "not_clients": 0,
         "malformed_lines": 0,
+        "unreadable_processes": 0,
+        "reused": 0,
+        "fdinfo_reads": 5,
+        "fdinfo_reads_saved": 0,  # a synthetic tree: no kcmp, every DRM fdinfo is read
     }
+    assert scan.dedupe == "client-id"
 
 
 def test_no_clients_is_empty(rec_tree: Any) -> None:
