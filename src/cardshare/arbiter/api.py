@@ -280,6 +280,7 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
         if card is None
         else {
             "scanned_at": card.scanned_at,
+            "age_seconds": round(card.age(engine.clock.now()), 3),
             "clients": [
                 {"name": c.name, "vram_bytes": c.vram_bytes, "busy_engines": list(c.busy_engines)}
                 for c in card.clients

@@ -495,6 +495,13 @@ class Engine:
             except CardDataError as exc:
                 card_error = str(exc)
                 self._alert(Alert.CARD_DATA, card_error)
+        elif self.last_card is None or self.last_card.age(now) > self.config.poll_interval_seconds:
+            # idle: the status shows the recorder's latest data (its file only: no fresh scan,
+            # which would wake the card)
+            try:
+                await self._card_view(None)
+            except CardDataError as exc:
+                log.debug("card data for the status: %s", exc)
         return SwapObservations(
             queue_length=queue_length,
             activity=activity,

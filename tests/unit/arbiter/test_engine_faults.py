@@ -517,3 +517,17 @@ async def test_a_hold_survives_a_restart_and_resume_leaves_the_probe_alone(
     assert engine.state.phase is Phase.STOP_IMAGE
     assert world.calls[world_calls:] == []
     assert engine.held_by() is None
+
+
+async def test_the_card_view_stays_fresh_while_idle(tmp_path: Path) -> None:
+    """No jobs, no swap: the status still shows who is on the card (from the recorder's file,
+    without a fresh scan that would wake it)."""
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world)
+    await engine.step()
+    assert engine.last_card is not None
+    assert [c.name for c in engine.last_card.clients] == ["vllm/vllm"]
+    first = engine.last_card.scanned_at
+    world.clock.t += 30
+    await engine.step()
+    assert engine.last_card.scanned_at > first
