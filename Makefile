@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test lint unit molecule deps venv engine engine-stop images lab-host lab-down build clean
+.PHONY: help demo test lint unit faults molecule deps venv engine engine-stop images lab-host lab-down build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -18,6 +18,10 @@ lint: venv ## yamllint, ansible-lint, ruff, mypy, role docs, changelog
 
 unit: venv ## the Python unit tests
 	tools/collection-link.sh && .venv/bin/pytest -q
+
+faults: venv ## the arbiter's fault injection: the matrix, then the randomized 1,000-job run
+	.venv/bin/pytest -q tests/faults -m "faults and not faults_random"
+	.venv/bin/pytest -q -s tests/faults -m faults_random
 
 molecule: ## every molecule scenario (SCENARIOS="a b" for some)
 	SKIP_STATIC=1 tools/run-tests.sh

@@ -39,6 +39,18 @@ echo "engine: DOCKER_HOST=$DOCKER_HOST"
 
 step "lab images"; lab/scripts/images.sh || fail images
 
+faults_pid=""
+if [ -z "${SKIP_STATIC:-}" ]; then
+  # The arbiter's fault injection (tests/faults: real processes on 127.0.0.1) runs beside the
+  # scenarios, which mostly wait on boots and timers; its result is read at the end.
+  step "fault injection (in the background; log in .cache/faults.log)"
+  mkdir -p .cache
+  ( pytest -q -p no:cacheprovider tests/faults -m "faults and not faults_random" \
+    && FAULTS_RANDOM_SEED=${FAULTS_RANDOM_SEED:-20261201} \
+       pytest -q -p no:cacheprovider -s tests/faults -m faults_random ) >.cache/faults.log 2>&1 &
+  faults_pid=$!
+fi
+
 step "molecule"
 export MOLECULE_GLOB='molecule/*/molecule.yml'
 # Scenarios run side by side (each has its own lab host), longest first; most of their
@@ -67,5 +79,14 @@ done
 passed=$(grep -c '^PASS' "$logs/summary" || true)
 nfailed=$(grep -c '^FAIL' "$logs/summary" || true)
 echo; echo "molecule: $passed passed, $nfailed failed"
+if [ -n "$faults_pid" ]; then
+  step "fault injection (its end)"
+  if wait "$faults_pid"; then faults_rc=0; else faults_rc=$?; fi
+  grep -E '^[0-9]+ (passed|failed)|passed|failed|jobs|duplicates' .cache/faults.log | tail -n 12
+  if [ "$faults_rc" != 0 ]; then
+    tail -n 150 .cache/faults.log
+    fail "fault injection (pytest exit $faults_rc)"
+  fi
+fi
 [ "$nfailed" = 0 ] || fail "molecule scenario(s): $failed"
 echo; echo "make test: all passed"

@@ -14,7 +14,9 @@ semantics where a client can observe them, for the arbiter and the roles:
 * a PromptQueue: one worker; a prompt moves from the pending queue to "running" and from
   "running" into the history each in one step under one lock, so it is always in exactly
   one of the three; the history lives in memory only (a restarted server has none);
-* jobs take ``STANDIN_JOB_SECONDS`` (default 2) and then every save node (any output node
+* jobs take ``STANDIN_JOB_SECONDS`` (default 2) for the default 20 sampling steps, in
+  proportion to the KSampler's ``steps`` (more steps, a longer job, as on a real card), and
+  then every save node (any output node
   with a ``filename_prefix`` input, e.g. ``SaveImage``) writes real PNGs named as ComfyUI
   names them: ``<subfolder>/<name>_<counter:05>_.png``, one per batch image, the counter
   continuing after the highest existing file of that prefix; ``PreviewImage`` writes to the
@@ -1089,7 +1091,7 @@ class ComfyState:
         if self.card is not None:
             self.card.set_busy({"ccs": 1.0, "rcs": 0.5})
         try:
-            interrupted = self.interrupt.wait(self.job_seconds)
+            interrupted = self.interrupt.wait(self._sampling_seconds(job.prompt))
         finally:
             if self.card is not None:
                 self.card.set_busy({})
@@ -1128,6 +1130,16 @@ class ComfyState:
         messages.append(["execution_success", {"prompt_id": job.prompt_id, "timestamp": _now_ms()}])
         entry["status"].update(status_str="success", completed=True)
         return "success"
+
+    def _sampling_seconds(self, prompt: dict[str, Any]) -> float:
+        """STANDIN_JOB_SECONDS for 20 sampling steps, in proportion to the steps asked."""
+        steps = [
+            node["inputs"].get("steps")
+            for node in prompt.values()
+            if node.get("class_type") == "KSampler"
+        ]
+        asked = sum(int(s) for s in steps if isinstance(s, int | float) and not isinstance(s, bool))
+        return self.job_seconds * (asked / 20 if asked else 1.0)
 
     def _load(self) -> str | None:
         """Load the model onto the card; an out-of-memory message when it does not fit."""

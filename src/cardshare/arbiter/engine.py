@@ -169,6 +169,7 @@ class Engine:
         self.image_stop_failures = 0
         self.comfy_unanswered = 0
         self.pending_restart: str | None = None  # a failed poison job may still run there
+        self.storage_paused: str | None = None  # why the data directory cannot take jobs
         self.heartbeat = now
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
@@ -441,18 +442,18 @@ class Engine:
                 await self._sleep(self._backoff() or self.config.poll_interval_seconds)
             while not stop.is_set():
                 self.beat()
-                if Alert.STORAGE in self.alerts:
-                    problem = self._probe_storage()
-                    if problem is not None:
-                        self._alert(
-                            Alert.STORAGE, f"{problem}; jobs are paused and new ones refused"
-                        )
-                        await self._sleep(self.config.poll_interval_seconds)
-                        continue
-                    self._clear(Alert.STORAGE)
-                elif (problem := self.storage_problem()) is not None:
+                # a storage fault pauses the jobs, not the machine: the card goes back to
+                # vLLM, and no swap to image starts until the data directory works again
+                problem = (
+                    self._probe_storage()
+                    if Alert.STORAGE in self.alerts
+                    else self.storage_problem()
+                )
+                self.storage_paused = problem
+                if problem is not None:
                     self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
-                    continue
+                else:
+                    self._clear(Alert.STORAGE)
                 if not await self.guarded(self.step):
                     await self._sleep(self._backoff())
         finally:
@@ -491,10 +492,19 @@ class Engine:
         if queue_length > 0:
             try:
                 card = await self._card_view(now - self.config.card_data_max_age_seconds)
-                self._clear(Alert.CARD_DATA)
             except CardDataError as exc:
                 card_error = str(exc)
                 self._alert(Alert.CARD_DATA, card_error)
+            else:
+                age = card.age(now)
+                if age > self.config.card_data_max_age_seconds:
+                    self._alert(
+                        Alert.CARD_DATA,
+                        f"card data is {age:.0f} s old even after a fresh scan (max "
+                        f"{self.config.card_data_max_age_seconds:g} s): is the recorder running?",
+                    )
+                else:
+                    self._clear(Alert.CARD_DATA)
         elif self.last_card is None or self.last_card.age(now) > self.config.poll_interval_seconds:
             # idle: the status shows the recorder's latest data (its file only: no fresh scan,
             # which would wake the card)
@@ -511,6 +521,7 @@ class Engine:
             card=card,
             card_error=card_error,
             held_by=self.held_by(),
+            storage_problem=self.storage_paused,
             image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
             image_failure=self.image_failure or None,
         )
@@ -519,6 +530,13 @@ class Engine:
 
     async def _serve_llm(self) -> Result | None:
         obs = await self.observe_for_swap()
+        if obs.metrics_error is not None:
+            # vLLM does not answer: exited (or killed) while serving? then start it again
+            failure = await self._container_failure("llm")
+            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
+                self.llm_failures += 1
+                self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}")
+                return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
             self._clear(Alert.LLM_RELEASE_TIMEOUT)
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
@@ -635,6 +653,10 @@ class Engine:
             await self._pause(self.config.poll_interval_seconds)
 
     async def _run_jobs(self) -> Result | None:
+        if self.storage_paused is not None:
+            return Result(
+                Outcome.HAND_BACK, f"jobs paused, the data directory fails: {self.storage_paused}"
+            )
         if self.pending_restart is not None:
             reason, self.pending_restart = self.pending_restart, None
             return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
@@ -815,6 +837,11 @@ class Engine:
             job = current
             if job.cancel_requested:
                 return await self._cancel_running(job)
+            if job.saved is not None:  # it ran: fetch its files, never run it again
+                ended, result = await self._fetch_saved(job)
+                if not ended:
+                    continue
+                return result
             try:
                 in_queue = await self.comfy.in_queue(job.prompt_id) if job.prompt_id else False
                 history = (
@@ -934,6 +961,8 @@ class Engine:
                 data = await self.comfy.saved(saved_file_name(stem, counter), subfolder)
                 if data is None:
                     break
+                if not is_image(data):  # garbage is no evidence either way: ask again later
+                    raise Unavailable(f"GET /view of {subfolder}/{stem} answered no image")
                 images.append(data)
                 counter += 1
             if counter == 1:
@@ -945,12 +974,56 @@ class Engine:
         if not images:
             self._finish(job, JobState.FAILED, "the workflow finished without output images")
             return None
+        # the prompt ran: recorded first, so that nothing after this runs it again
+        job = self.store.set_saved(job.id, images)
+        return (await self._fetch_saved(job))[1]  # not ended: run_job polls, then fetches
+
+    async def _fetch_saved(self, job: Job) -> tuple[bool, Result | None]:
+        """Fetch the files a finished prompt saved: done; on no answer, a garbage one or a 404,
+        ask again (:meth:`_fetch_failed`); a request ComfyUI refuses otherwise fails the job.
+        ``(ended, result)``: not ended, poll again."""
+        assert job.saved is not None
+        found: list[bytes] = []
         try:
-            found = [await self.comfy.view(f, sub, kind) for f, sub, kind in images]
-        except (Unavailable, Rejected) as exc:
-            return await self._comfy_died(job, f"fetching outputs failed: {exc}")
-        self._store_outputs(job, found, "from ComfyUI's history")
-        return None
+            for filename, subfolder, kind in job.saved:
+                data = await self.comfy.view(filename, subfolder, kind)
+                if not is_image(data):
+                    raise Unavailable(
+                        f"GET /view of {subfolder}/{filename} answered no image: {data[:40]!r}"
+                    )
+                found.append(data)
+        except Rejected as exc:
+            if exc.status != 404:  # the request itself is wrong: asking again will not help
+                self._finish(
+                    job,
+                    JobState.FAILED,
+                    f"ComfyUI reported its outputs saved, but fetching them was refused ({exc}); "
+                    "the prompt is not run again",
+                )
+                return True, None
+            return await self._fetch_failed(job, exc)
+        except Unavailable as exc:
+            return await self._fetch_failed(job, exc)
+        self._store_outputs(job, found, "from ComfyUI")
+        return True, None
+
+    async def _fetch_failed(self, job: Job, exc: Exception) -> tuple[bool, Result | None]:
+        """Saved outputs not fetched (no answer, garbage, 404): ask again, after a restart
+        when ComfyUI died; fail the job after job_max_errors. The prompt is never re-run."""
+        job = self.store.engine_error(job.id, f"fetching outputs failed: {exc}"[:500])
+        if job.errors >= self.config.job_max_errors:
+            self._finish(
+                job,
+                JobState.FAILED,
+                f"its outputs could not be fetched {job.errors} times: {exc}"[:500],
+            )
+            return True, None
+        failure = await self._container_failure("image")
+        if failure is not None and failure.kind is not FailureKind.UNKNOWN:
+            self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
+            return True, Result(Outcome.RESTART, f"restart ComfyUI to fetch outputs: {exc}")
+        await self._sleep(self.config.poll_interval_seconds)
+        return False, None
 
     def _store_outputs(self, job: Job, images: list[bytes], source: str) -> None:
         outdir = job_dir(self.config.data_dir, job.id) / "outputs"
@@ -1035,6 +1108,13 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
 
 # a save node's batch larger than this is not looked for on disk
 MAX_SAVED_PER_NODE = 256
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
+
+
+def is_image(data: bytes) -> bool:
+    """PNG, JPEG, GIF or WebP by their signatures: what ComfyUI's save nodes write."""
+    return data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
 
 
 def _substitute(value: Any, renames: dict[str, str]) -> Any:

@@ -139,6 +139,7 @@ class SwapObservations:
     card: CardView | None = None
     card_error: str | None = None
     held_by: str | None = None  # a hold on swaps (e.g. the comfyui role's probe)
+    storage_problem: str | None = None  # the data directory cannot take the jobs' outputs
     image_retry_in: float | None = None  # ComfyUI failed to come up: seconds to wait
     image_failure: str | None = None
 
@@ -161,6 +162,8 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
         return Decision(False, ("the job queue is empty",))
     if obs.held_by is not None:
         blockers.append(f"swaps are held by {obs.held_by}")
+    if obs.storage_problem is not None:
+        blockers.append(f"jobs are paused: {obs.storage_problem}")
     if obs.image_retry_in is not None and obs.image_retry_in > 0:
         blockers.append(
             f"ComfyUI failed to come up ({obs.image_failure or 'unknown'}): next try in "

@@ -73,6 +73,8 @@ HANDBACK_PHASES = (
 # (phase, outcome) -> next phase. A pair that is not here is a bug, not a run-time choice.
 TRANSITIONS: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.SERVE_LLM, Outcome.SWAP): Phase.STOP_LLM,
+    # vLLM exited while serving: start it again (with backoff), never keep saying llm
+    (Phase.SERVE_LLM, Outcome.FAILED): Phase.START_LLM,
     (Phase.STOP_LLM, Outcome.OK): Phase.WAIT_LLM_RELEASE,
     # vLLM would not stop: make sure it runs and serve again.
     (Phase.STOP_LLM, Outcome.FAILED): Phase.START_LLM,

@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     started REAL,
     finished REAL,
     errors INTEGER NOT NULL DEFAULT 0,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    saved TEXT
 );
 """
 
@@ -80,6 +81,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 _JOB_COLUMNS_ADDED = (
     ("errors", "INTEGER NOT NULL DEFAULT 0"),
     ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
+    ("saved", "TEXT"),
 )
 
 # written beside the database once it holds the machine's first state: a database that is
@@ -114,6 +116,9 @@ class Job:
     finished: float | None
     errors: int = 0  # unexpected errors of the arbiter while running this job
     cancel_requested: bool = False
+    # the files ComfyUI's history reported saved, (filename, subfolder, type): the prompt
+    # ran; from then on the outputs are fetched, the prompt is never run again
+    saved: tuple[tuple[str, str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -339,7 +344,7 @@ class Store:
 
     _JOB_COLS = (
         "id, state, workflow, inputs, reason, attempts, prompt_id, outputs, created, started,"
-        " finished, errors, cancel_requested"
+        " finished, errors, cancel_requested, saved"
     )
 
     @staticmethod
@@ -358,6 +363,9 @@ class Store:
             finished=None if row[10] is None else float(row[10]),  # type: ignore[arg-type]
             errors=int(row[11]),  # type: ignore[call-overload]
             cancel_requested=bool(row[12]),
+            saved=None
+            if row[13] is None
+            else tuple((str(f), str(d), str(k)) for f, d, k in json.loads(str(row[13]))),
         )
 
     def add_job(
@@ -435,6 +443,10 @@ class Store:
             "state = ?, reason = ?, outputs = ?, finished = ?",
             (state.value, reason, outputs, now),
         )
+
+    def set_saved(self, job_id: str, saved: list[tuple[str, str, str]]) -> Job:
+        """Record the files a finished prompt saved (before they are fetched)."""
+        return self._update(job_id, "saved = ?", (json.dumps(saved),))
 
     def engine_error(self, job_id: str, reason: str) -> Job:
         """Count an unexpected error of the arbiter while it ran this job."""

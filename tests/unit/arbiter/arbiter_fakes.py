@@ -96,6 +96,8 @@ class World:
     oom_on_die: bool = False
     garbage_next: dict[str, int] = field(default_factory=dict)  # call -> answers of garbage
     interrupts: int = 0
+    view_not_found: int = 0  # the next N /view calls answer 404 whatever is on disk
+    view_not_image: int = 0  # the next N /view calls answer 200 with an HTML error page
     proxy: dict[str, Any] = field(
         default_factory=lambda: {"in_flight": 0, "held": 0, "oldest_held_seconds": None}
     )
@@ -313,8 +315,20 @@ class FakeComfy:
         await self._arrive("queue")
         return prompt_id in self.w.queue
 
+    def _view_fault(self) -> bytes | None:
+        if self.w.view_not_found:
+            self.w.view_not_found -= 1
+            raise Rejected("GET /view answered 404", None, 404)
+        if self.w.view_not_image:
+            self.w.view_not_image -= 1
+            return b"<html><body>502 Bad Gateway</body></html>"
+        return None
+
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes:
         await self._arrive("view")
+        fault = self._view_fault()
+        if fault is not None:
+            return fault
         data = self.w.files.get((subfolder, filename))
         if data is None:
             raise Rejected("GET /view answered 404", None, 404)

@@ -531,3 +531,141 @@ async def test_the_card_view_stays_fresh_while_idle(tmp_path: Path) -> None:
     world.clock.t += 30
     await engine.step()
     assert engine.last_card.scanned_at > first
+
+
+# -- found by the real-process fault suite (tests/faults) -------------------------------------
+
+
+async def test_vllm_dying_while_serving_is_started_again(tmp_path: Path) -> None:
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world)
+    await engine.step()
+    world.llm.running, world.llm.exit_code = False, 137
+    await engine.step()
+    assert engine.state.phase is Phase.START_LLM
+    assert engine.alerts[Alert.LLM_NOT_READY] == (
+        "vLLM stopped while serving: container vllm-vllm-1 is exited (exit code 137)"
+    )
+    await run_until(engine, lambda e: e.state.phase is Phase.SERVE_LLM)
+    assert world.llm.running
+    assert Alert.LLM_NOT_READY not in engine.alerts
+
+
+async def test_outputs_reported_saved_but_not_found_are_asked_again_never_rerun(
+    tmp_path: Path,
+) -> None:
+    """History says done, /view says 404: asked again (two 404s, then the file): done; a
+    404 every time fails the job after job_max_errors. Never is the prompt run again (before:
+    ComfyUI was restarted, the files looked for again and a 404 taken as 'never ran')."""
+    world = World(FakeClock(), view_not_found=2)
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    (job_id,) = submit(engine)
+    await run_until(engine, in_llm_with_no_jobs)
+    assert states(engine, [job_id]) == [JobState.DONE]
+    world.view_not_found = 100
+    (gone,) = submit(engine)
+    await run_until(engine, in_llm_with_no_jobs)
+    job = engine.store.job(gone)
+    assert job is not None
+    assert job.state is JobState.FAILED
+    assert job.reason.startswith("its outputs could not be fetched 3 times: GET /view answered 404")
+    assert sum(world.executions.values()) == 2 and world.duplicates() == {}
+
+
+async def test_outputs_fetched_after_comfy_died_are_never_run_again(tmp_path: Path) -> None:
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    (job_id,) = submit(engine)
+
+    def crash_before_fetch(_: str) -> None:
+        world.clock.t += 5
+        engine.comfy._run()  # type: ignore[attr-defined]
+        world.garbage_next["view"] = 1  # the fetch gets no answer ...
+
+        async def dead_view(*args: Any) -> bytes:  # ... because ComfyUI died
+            world.image.running = False
+            engine.comfy.view = real_view  # type: ignore[method-assign]
+            raise Unavailable("GET /view: connection refused")
+
+        engine.comfy.view = dead_view  # type: ignore[method-assign]
+
+    from cardshare.arbiter.edges import Unavailable
+
+    real_view = engine.comfy.view
+    world.after_submit = crash_before_fetch
+    await run_until(engine, in_llm_with_no_jobs)
+    job = engine.store.job(job_id)
+    assert job is not None
+    assert (job.state, job.outputs, job.attempts) == (JobState.DONE, 1, 1)
+    assert world.submissions == 1 and world.duplicates() == {}
+
+
+async def test_a_non_image_answer_is_not_stored_as_an_output(tmp_path: Path) -> None:
+    world = World(FakeClock(), view_not_image=1)
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    (job_id,) = submit(engine)
+    await run_until(engine, in_llm_with_no_jobs)
+    job = engine.store.job(job_id)
+    assert job is not None
+    assert (job.state, job.outputs) == (JobState.DONE, 1)
+    data = (tmp_path / "data" / "jobs" / job_id / "outputs" / "0.png").read_bytes()
+    assert data.startswith(PNG[:8])
+    assert sum(world.executions.values()) == 1
+    world.view_not_image = 10
+    (bad,) = submit(engine)
+    await run_until(engine, in_llm_with_no_jobs)
+    failed = engine.store.job(bad)
+    assert failed is not None
+    assert failed.state is JobState.FAILED
+    assert failed.reason.startswith("its outputs could not be fetched 3 times: GET /view of")
+    assert sum(world.executions.values()) == 2
+
+
+async def test_stale_card_data_raises_the_card_data_alert(tmp_path: Path) -> None:
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world, card_data_max_age_seconds=10.0)
+    submit(engine)
+
+    async def stale(newer_than: float | None = None) -> Any:
+        from cardshare.arbiter.cardview import CardView
+
+        return CardView(world.clock.now() - 60, ())
+
+    engine.card.read = stale  # type: ignore[method-assign]
+    await engine.step()
+    assert engine.alerts[Alert.CARD_DATA] == (
+        "card data is 60 s old even after a fresh scan (max 10 s): is the recorder running?"
+    )
+
+
+async def test_low_disk_in_image_mode_hands_the_card_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(FakeClock(), job_seconds=5.0)
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    ids = submit(engine, 3)
+    await run_until(engine, lambda e: e.state.phase is Phase.RUN_JOBS)
+    import cardshare.arbiter.engine as engine_module
+
+    class Usage:
+        free = 1
+
+    monkeypatch.setattr(engine_module.shutil, "disk_usage", lambda _: Usage())
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(engine.run(stop))
+    for _ in range(3000):
+        await asyncio.sleep(0)
+        if engine.state.phase is Phase.SERVE_LLM:
+            break
+    assert engine.state.phase is Phase.SERVE_LLM
+    assert world.llm.running and not world.image.running
+    assert any(r.startswith("jobs are paused: ") for r in engine.last_decision.reasons)
+    monkeypatch.undo()
+    for _ in range(5000):
+        await asyncio.sleep(0)
+        if engine.store.queue_length() == 0:
+            break
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert states(engine, ids) == [JobState.DONE] * 3
+    assert world.duplicates() == {}

@@ -685,3 +685,15 @@ def test_latency_knobs(dirs: cs.Dirs) -> None:
         # the file is there while the prompt still runs: no history entry yet
         assert state.where("slow") == ["running"]
         wait_for(lambda: state.where("slow") == ["history"], "the history entry")
+
+
+def test_sampling_time_follows_the_steps(dirs: cs.Dirs, sim_env: Path) -> None:
+    """STANDIN_JOB_SECONDS is the time of 20 steps: a workflow asking 200 runs 10 times
+    longer (the site scenario keeps the arbiter busy with one long job this way)."""
+    state = cs.ComfyState(dirs, None, {"STANDIN_JOB_SECONDS": "2"})
+    prompt = graph()
+    sampler = next(n for n in prompt.values() if n["class_type"] == "KSampler")
+    assert state._sampling_seconds(prompt) == 2 * sampler["inputs"]["steps"] / 20
+    sampler["inputs"]["steps"] = 200
+    assert state._sampling_seconds(prompt) == 20.0
+    assert state._sampling_seconds({"1": {"class_type": "SaveImage", "inputs": {}}}) == 2.0

@@ -1,0 +1,168 @@
+"""Faults on the ComfyUI edge: /object_info (readiness), /prompt, /queue, /history, /view,
+/upload/image, /interrupt and POST /queue (restart and cancel), and ComfyUI's own failures
+(crashes before and after saving, with and without a restart policy, errors, hangs)."""
+
+from __future__ import annotations
+
+import pytest
+from batch import Batch, Case
+from scenario import Fault, Scenario, cases
+
+pytestmark = pytest.mark.faults
+
+
+def F(route: str, kind: str, n: int | None = 1, **kw: object) -> Fault:
+    if kind.isdigit():
+        return Fault("comfyui", route, "status", n, status=int(kind), **kw)  # type: ignore[arg-type]
+    return Fault("comfyui", route, kind, n, **kw)  # type: ignore[arg-type]
+
+
+def S(*faults: Fault, phase: str = "run_jobs", **kw: object) -> Scenario:
+    return Scenario(tuple(faults), phase, **kw)  # type: ignore[arg-type]
+
+
+def P(sc: Scenario, name: str) -> object:
+    return pytest.param(sc, id=name)
+
+
+CRASHED = ("image_crashed",)
+# a reset of a GET is retried once by aiohttp: two resets reach the arbiter as one failure
+GET_KINDS = {"exception": 2, "garbage": 1, "badjson": 1, "hang": 1, "500": 1, "404": 1}
+RUNNING = {"arm_at": "executing", "settings": {"comfyui_job_seconds": 0.3}}
+
+SCENARIOS = [
+    # readiness: not ready yet, asked again within image_ready_timeout_seconds
+    *[
+        P(S(F("GET /object_info", k, 3 * n), phase="wait_image_ready"), f"object_info-{k}")
+        for k, n in GET_KINDS.items()
+    ],
+    # longer than image_ready_timeout_seconds (3 s): alert, card handed back, jobs kept
+    P(
+        S(
+            F("GET /object_info", "500", None),
+            phase="wait_image_ready",
+            clear_after=4.0,
+            alerts=("image_not_ready",),
+        ),
+        "object_info-500-until-cleared",
+    ),
+    # POST /prompt not taken: restart ComfyUI, a new attempt
+    *[
+        P(S(F("POST /prompt", k), alerts=CRASHED), f"prompt-{k}")
+        for k in ("exception", "close", "garbage", "badjson", "hang", "500")
+    ],
+    # taken by ComfyUI, the answer lost: after the restart its files decide, never twice
+    *[
+        P(S(F("POST /prompt", k, when="after"), alerts=CRASHED), f"prompt-{k}-after")
+        for k in ("exception", "garbage", "hang", "500")
+    ],
+    # the job itself is wrong: failed with ComfyUI's reason, the other job runs
+    P(
+        S(F("POST /prompt", "400"), may_fail="^ComfyUI rejected the workflow: Cannot execute"),
+        "prompt-400",
+    ),
+    # as many times as job_max_attempts: failed with the reason
+    P(
+        S(F("POST /prompt", "500", 3), alerts=CRASHED, may_fail="gave up after 3 attempt"),
+        "prompt-500-x3",
+    ),
+    # polls that get no answer: fewer than comfyui_unanswered_polls are polled again
+    *[P(S(F("GET /queue", k, 2 * n)), f"queue-{k}-x{2 * n}") for k, n in GET_KINDS.items()],
+    *[
+        P(S(F("GET /queue", k, 3 * n), alerts=CRASHED), f"queue-{k}-x{3 * n}-restart")
+        for k, n in GET_KINDS.items()
+        if k in ("exception", "garbage", "hang", "500")
+    ],
+    *[P(S(F("GET /history", k, 2 * n)), f"history-{k}-x{2 * n}") for k, n in GET_KINDS.items()],
+    *[
+        P(S(F("GET /history", k, 3 * n), alerts=CRASHED), f"history-{k}-x{3 * n}-restart")
+        for k, n in GET_KINDS.items()
+        if k in ("exception", "badjson", "hang", "404")
+    ],
+    # a history that forgot the prompt (as after a restart): its files decide, not a re-run
+    P(S(F("GET /history", "badjson", 1, body="{}")), "history-forgotten"),
+    P(S(F("GET /history", "badjson", 1, body="{}"), workflow="two_saves"), "history-forgotten-2"),
+    # looking for a job's files before its first submission fails: restart ComfyUI first
+    *[
+        P(S(F("GET /view", k, n), alerts=CRASHED), f"view-probe-{k}")
+        for k, n in GET_KINDS.items()
+        if k in ("exception", "garbage", "hang", "500")
+    ],
+    # fetching the outputs of a finished prompt fails while ComfyUI runs: its saved files
+    # are asked for again (the prompt ran: it is never run again); no crash, no restart
+    *[
+        P(S(F("GET /view", k, n), **RUNNING), f"view-fetch-{k}")
+        for k, n in GET_KINDS.items()
+        if k != "badjson"
+    ],
+    # /view answers 200 with something that is not the image (a proxy's error page)
+    P(
+        S(F("GET /view", "badjson", 1, body="<html>502 Bad Gateway</html>"), **RUNNING),
+        "view-fetch-not-an-image",
+    ),
+    # /view answers 404 twice for a file the history listed (an output mount that glitched)
+    P(S(F("GET /view", "404", 2), **RUNNING), "view-fetch-404-x2"),
+    # uploading the job's input image
+    *[
+        P(S(F("POST /upload/image", k), workflow="input", alerts=CRASHED), f"upload-{k}")
+        for k in ("exception", "hang", "500")
+    ],
+    P(
+        S(F("POST /upload/image", "400"), workflow="input", may_fail="^ComfyUI rejected"),
+        "upload-400",
+    ),
+    # a restart whose interrupt and queue clearing fail too (a dead ComfyUI answers neither)
+    P(
+        S(
+            F("GET /queue", "500", 3),
+            F("POST /interrupt", "exception"),
+            F("POST /queue", "hang"),
+            phase="restart_image",
+            alerts=CRASHED,
+        ),
+        "restart-interrupt-and-clear-fail",
+    ),
+    # DELETE of a running job: interrupted; when /interrupt fails ComfyUI is restarted
+    P(S(cancel_first=True, settings={"comfyui_job_seconds": 1.0}), "cancel-running"),
+    *[
+        P(
+            S(F("POST /interrupt", k), cancel_first=True, settings={"comfyui_job_seconds": 1.0}),
+            f"cancel-interrupt-{k}",
+        )
+        for k in ("exception", "hang", "500")
+    ],
+    # ComfyUI's own failures
+    P(S(F("execute", "crash_before_save"), alerts=CRASHED), "crash-before-save"),
+    P(S(F("execute", "crash_after_save"), alerts=CRASHED), "crash-after-save"),
+    P(
+        S(F("execute", "crash_after_save"), workflow="two_saves", alerts=CRASHED),
+        "crash-after-save-2",
+    ),
+    # with a restart policy ComfyUI is back at once with an empty history
+    *[
+        P(S(F("execute", k), settings={"comfyui_restart_policy": "on-failure"}), f"{k}-respawn")
+        for k in ("crash_before_save", "crash_after_save")
+    ],
+    P(S(crash="comfyui", alerts=CRASHED, **RUNNING), "killed"),
+    P(S(crash="comfyui+respawn", **RUNNING), "killed-respawn"),
+    P(
+        S(
+            F("execute", "exec_error", message="mat1 and mat2 shapes cannot be multiplied"),
+            may_fail="^ComfyUI error: node KSampler raised RuntimeError: mat1",
+        ),
+        "execution-error",
+    ),
+    P(
+        S(F("execute", "exec_error", message="XPU out of memory. Tried to allocate 2.00 GiB")),
+        "execution-vram-error-once",
+    ),
+    P(
+        S(F("execute", "exec_hang"), may_fail="^not finished within job_timeout_seconds"),
+        "execution-hangs",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", cases(SCENARIOS))
+def test_comfyui_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
+    batch.check(request.node)

@@ -1,0 +1,187 @@
+"""The database and data directory edge: the arbiter runs in a private mount namespace
+(``unshare -m``) with its data directory on a 16 MiB tmpfs, which the test fills from
+outside through ``/proc/<pid>/root``: free space below ``min_free_bytes``, and a real ENOSPC
+while a job's outputs are written. Skipped where a tmpfs cannot be mounted."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from batch import Batch, Case, Record, Worker
+from rig import AUTH, WORKFLOW, Rig
+from scenario import Scenario, run_scenario
+
+SIZE = 16 << 20
+MIN_FREE = 4 << 20
+
+
+def _tmpfs_possible() -> bool:
+    try:
+        done = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             "mount -t tmpfs -o size=1m tmpfs /mnt && umount /mnt"],
+            capture_output=True,
+            timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.skipif(not _tmpfs_possible(), reason="cannot mount a tmpfs (unshare -m)"),
+]
+
+
+def tmpfs_rig(worker: Worker, **settings: object) -> Rig:
+    rig = worker.fresh(start=False, config={"min_free_bytes": MIN_FREE}, settings=settings)
+    script = f'mkdir -p "$0" && mount -t tmpfs -o size={SIZE} tmpfs "$0" && exec "$@"'
+    rig.wrapper = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        str(rig.data_dir),
+    ]
+    return rig.start()
+
+
+def data_dir(rig: Rig) -> Path:
+    assert rig.arbiter is not None
+    return Path(f"/proc/{rig.arbiter.pid}/root") / str(rig.data_dir).lstrip("/")
+
+
+def fill(rig: Rig, leave: int) -> int:
+    """Fill the arbiter's data directory until ``leave`` bytes are free (0: until ENOSPC)."""
+    base = data_dir(rig)
+    chunk = b"\0" * 65536
+    with open(base / "filler", "ab") as fh:
+        while True:
+            free = shutil.disk_usage(base).free
+            if free <= leave:
+                break
+            try:
+                fh.write(chunk[: max(4096, min(len(chunk), free - leave))])
+                fh.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                break
+    return shutil.disk_usage(base).free
+
+
+def free(rig: Rig) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir(rig) / "filler").unlink()
+
+
+def post_job(rig: Rig) -> tuple[int, str | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", rig.ports["arbiter"], timeout=5)
+    try:
+        conn.request(
+            "POST",
+            "/v1/jobs",
+            body=json.dumps({"workflow": WORKFLOW}),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+    finally:
+        conn.close()
+    if resp.status == 201:
+        rig.jobs[body["id"]] = time.time()
+    return resp.status, resp.getheader("Retry-After")
+
+
+def alert(rig: Rig, name: str) -> bool:
+    return any(a["name"] == name for a in rig.status()["alerts"])
+
+
+def low_free_space_refuses_jobs(worker: Worker, record: Record, name: str) -> None:
+    """Below min_free_bytes: the storage alert, POST /v1/jobs 503 with Retry-After; once
+    space is back jobs are taken and run."""
+    rig = tmpfs_rig(worker)
+    start = time.time()
+    left = fill(rig, MIN_FREE // 2)
+    assert left < MIN_FREE
+    rig.wait(lambda: alert(rig, "storage"), 5, "the storage alert")
+    status, retry_after = post_job(rig)
+    assert (status, retry_after is not None) == (503, True)
+    assert 'cardshare_arbiter_alert{name="storage"} 1' in rig.metrics()
+    free(rig)
+    rig.wait(lambda: not alert(rig, "storage"), 5, "the storage alert cleared")
+    sc = Scenario((), "serve_llm (disk low)", alerts=("storage",))
+    run_scenario(rig, sc, record, name, since=start)
+
+
+def enospc_while_storing_outputs(worker: Worker, record: Record, name: str) -> None:
+    """The disk fills up (ENOSPC) while ComfyUI runs a job: the outputs cannot be written;
+    jobs pause with the storage alert; once space is back the job ends done, run once."""
+    rig = tmpfs_rig(worker, comfyui_job_seconds=1.0)
+    start = time.time()
+    rig.submit(2)
+    rig.wait(rig.executing, 15, "ComfyUI runs the first job")
+    assert fill(rig, 0) < 4096
+    rig.wait(lambda: alert(rig, "storage"), 5, "the storage alert")
+    assert post_job(rig)[0] == 503
+    time.sleep(1.5)  # the job has finished in ComfyUI meanwhile
+    free(rig)
+    sc = Scenario((), "run_jobs (ENOSPC)", jobs=0, alerts=("storage",))
+    run_scenario(rig, sc, record, name, since=start)
+
+
+def low_disk_in_image_mode_hands_back(worker: Worker, record: Record, name: str) -> None:
+    """The data directory runs low (below min_free_bytes, still room for the database) while
+    in image mode. Jobs pause; expected: the card goes back to vLLM meanwhile instead of
+    staying with an idle ComfyUI for as long as the disk stays low."""
+    rig = tmpfs_rig(worker, comfyui_job_seconds=0.5)
+    start = time.time()
+    rig.submit(3)
+    rig.wait(rig.executing, 15, "ComfyUI runs a job")
+    fill(rig, MIN_FREE // 2)
+    rig.wait(lambda: alert(rig, "storage"), 5, "the storage alert")
+    try:
+        rig.wait(lambda: rig.status()["mode"] == "llm", 10, "mode llm while the disk is low")
+        got_llm = True
+    except AssertionError:
+        got_llm = False
+    phase = rig.status()["phase"]
+    free(rig)
+    sc = Scenario((), "run_jobs (disk low)", jobs=0, alerts=("storage",))
+    run_scenario(
+        rig,
+        sc,
+        record,
+        name,
+        since=start,
+        checks=(
+            lambda: (
+                None
+                if got_llm
+                else f"still in {phase} with vLLM stopped 10 s after the disk ran low"
+            ),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(low_free_space_refuses_jobs, 4.0), id="low-free-space"),
+        pytest.param(Case(enospc_while_storing_outputs, 6.0), id="enospc-storing-outputs"),
+        pytest.param(Case(low_disk_in_image_mode_hands_back, 14.0), id="low-disk-in-image-mode"),
+    ],
+)
+def test_storage_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
+    batch.check(request.node)
