@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -168,9 +169,12 @@ class Rig:
             await asyncio.sleep(0.02)
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    world = World(RealClock())  # type: ignore[arg-type]
+@contextlib.asynccontextmanager
+async def running_arbiter(
+    tmp_path: Path, world: World, **server: Any
+) -> AsyncIterator[tuple[TestClient[Any, Any], Engine]]:
+    """The arbiter's app and engine, running, with real HTTP to the fake vLLM, ComfyUI and
+    proxy apps above (also used by the CLI's tests)."""
     servers = [TestServer(a(world)) for a in (vllm_app, comfy_app, proxy_app)]
     for s in servers:
         await s.start_server()
@@ -194,19 +198,28 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         card=FakeCard(world),
         proxy=HttpProxy(session, urls[2], 5.0),
     )
-    client = TestClient(TestServer(build_app(engine, TOKEN)))
+    client = TestClient(TestServer(build_app(engine, TOKEN), **server))
     await client.start_server()
     stop = asyncio.Event()
     task = asyncio.ensure_future(engine.run(stop))
-    yield Rig(client, engine, world)
-    stop.set()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await client.close()
-    await session.close()
-    for s in servers:
-        await s.close()
-    engine.store.close()
+    try:
+        yield client, engine
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+        await session.close()
+        for s in servers:
+            await s.close()
+        engine.store.close()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    world = World(RealClock())  # type: ignore[arg-type]
+    async with running_arbiter(tmp_path, world) as (client, engine):
+        yield Rig(client, engine, world)
 
 
 async def test_three_jobs_done_outputs_downloadable_back_to_llm(rig: Rig) -> None:

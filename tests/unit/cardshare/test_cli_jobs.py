@@ -22,27 +22,21 @@ pytest.importorskip("aiohttp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "arbiter"))
 
-import aiohttp
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from arbiter_fakes import (
     PNG,
     WORKFLOW,
-    FakeCard,
-    FakeContainers,
     World,
-    make_config,
 )
-from test_integration import comfy_app, proxy_app, vllm_app
+from test_integration import TOKEN as INTEGRATION_TOKEN
+from test_integration import running_arbiter
 
 from cardshare import cli
-from cardshare.arbiter.api import build_app
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.edges import HttpComfy, HttpLlm, HttpProxy
 from cardshare.arbiter.engine import Engine, RealClock
-from cardshare.arbiter.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]
-TOKEN = "cli-test-token-0123456789"
+TOKEN = INTEGRATION_TOKEN  # the token the running arbiter was given
 Result = tuple[int, str, str]
 
 
@@ -103,42 +97,8 @@ class Box:
 @pytest.fixture
 async def box(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIterator[Box]:
     world = World(RealClock())  # type: ignore[arg-type]
-    servers = [TestServer(a(world)) for a in (vllm_app, comfy_app, proxy_app)]
-    for s in servers:
-        await s.start_server()
-    urls = [str(s.make_url("")).rstrip("/") for s in servers]
-    config = make_config(
-        tmp_path,
-        vllm_url=urls[0],
-        comfyui_url=urls[1],
-        proxy_url=urls[2],
-        idle_seconds=0.2,
-        poll_interval_seconds=0.02,
-        max_payload_bytes=4096,
-    )
-    session = aiohttp.ClientSession()
-    engine = Engine(
-        config=config,
-        store=Store(config.data_dir / "arbiter.sqlite3"),
-        containers=FakeContainers(world),
-        llm=HttpLlm(session, config),
-        comfy=HttpComfy(session, config),
-        card=FakeCard(world),
-        proxy=HttpProxy(session, urls[2], 5.0),
-    )
-    client = TestClient(TestServer(build_app(engine, TOKEN), host="127.0.0.1"))
-    await client.start_server()
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(engine.run(stop))
-    yield Box(client, engine, world, tmp_path, capsys)
-    stop.set()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await client.close()
-    await session.close()
-    for s in servers:
-        await s.close()
-    engine.store.close()
+    async with running_arbiter(tmp_path, world, host="127.0.0.1") as (client, engine):
+        yield Box(client, engine, world, tmp_path, capsys)
 
 
 def _free_port() -> int:
