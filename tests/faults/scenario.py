@@ -133,7 +133,13 @@ def run_scenario(
             rig.start_arbiter()
         if sc.cancel_first:
             first = next(iter(rig.jobs))
-            rig.wait(lambda: rig.status()["current_job"] == first, sc.timeout, "first job runs")
+            # "running" in the database: the engine may hold a job it has not started yet
+            # (current_job set, state still queued: a DELETE then cancels it at once, 200)
+            rig.wait(
+                lambda: (rig.job(first) or {}).get("state") == "running",
+                sc.timeout,
+                "first job runs",
+            )
             status, doc = rig.api.request("DELETE", f"/v1/jobs/{first}", auth=True)
             assert status == 202, (status, doc)
             rig.cancelled.add(first)

@@ -228,11 +228,12 @@ def test_full_data_dir_fails_clearly_and_keeps_the_last_snapshot(host):
             f"cardshare: error: cannot write {data}/current.json: No space left on device\n"
         )
         assert snapshot_bytes(host, data) == before
-        # no temporary file left behind
+        # no temporary file left behind (scan.lock: two scans never run at once)
         assert host.check_output(f"ls -A {data}").split() == [
             "current.json",
             "filler",
             "history",
+            "scan.lock",
             "state.json",
         ]
     finally:
@@ -250,8 +251,9 @@ def test_read_only_data_dir_fails_clearly_and_keeps_the_last_snapshot(host):
         before = snapshot_bytes(host, data)
         result = host.run(f"cardshare scan --data-dir {data}")
         assert result.rc == 1
+        # the scan's lock is the first thing it writes: that is what fails first
         assert result.stderr == (
-            f"cardshare: error: cannot write {data}/current.json: Read-only file system\n"
+            f"cardshare: error: cannot open lock file {data}/scan.lock: Read-only file system\n"
         )
         assert snapshot_bytes(host, data) == before
     finally:
