@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from slow_clients import send_raw, until_closed
 
 from cardshare.serverguard import (
     BodyTimeoutError,
@@ -91,32 +92,6 @@ async def serve() -> AsyncIterator[ServeFactory]:
     yield factory
     for runner in runners:
         await runner.cleanup()
-
-
-async def send_raw(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    if data:
-        writer.write(data)
-        await writer.drain()
-    return reader, writer
-
-
-async def until_closed(reader: asyncio.StreamReader, limit: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed it."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    data = b""
-    try:
-        while True:
-            chunk = await asyncio.wait_for(reader.read(65536), max(0.0, end - loop.time()))
-            if not chunk:
-                break
-            data += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        raise AssertionError(f"connection still open after {limit} s; got {data!r}") from None
-    return data, loop.time()
 
 
 async def wait_until(cond: Callable[[], bool], what: str, limit: float = 5.0) -> None:

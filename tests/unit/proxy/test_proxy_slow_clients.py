@@ -12,10 +12,12 @@ import hashlib
 import socket
 from typing import Any
 
+from slow_clients import send_raw, until_closed
+
 from cardshare.proxy.rules import body_timeout_message, count_message
 from cardshare.proxy.server import HELD_BODY_WINDOW_BYTES
 
-from .conftest import StandFactory, read_response, send_raw, until_closed, wait_for
+from .conftest import StandFactory, read_response, wait_for
 
 SLACK = 1.0
 EARLY = 0.05
