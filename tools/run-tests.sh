@@ -53,6 +53,8 @@ fi
 
 step "molecule"
 export MOLECULE_GLOB='molecule/*/molecule.yml'
+# each task timed in the logs, the slowest listed at the end of each play run
+export ANSIBLE_CALLBACKS_ENABLED=${ANSIBLE_CALLBACKS_ENABLED:-ansible.posix.profile_tasks}
 # Scenarios run side by side (each has its own lab host), longest first; most of their
 # time is spent waiting on boots, health checks and the arbiter's timers, not on the CPU.
 jobs=${MOLECULE_JOBS:-3}

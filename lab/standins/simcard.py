@@ -44,6 +44,7 @@ __all__ = [
     "ENGINE_CAPACITY",
     "ENGINE_CLASSES",
     "OWNER_FILE",
+    "PROCESS_INSTANCE",
     "Card",
     "FdinfoState",
     "SimClient",
@@ -54,6 +55,7 @@ __all__ = [
     "own_container_id",
     "parse_vram_size",
     "read_resident_vram",
+    "remove_dead_siblings",
     "render_fdinfo",
     "sim_root",
 ]
@@ -77,6 +79,9 @@ _FDINFO_VRAM_RE = re.compile(
     r"^drm-(resident|memory)-(vram\d+):\s*([0-9]+)(?:\s+(KiB|MiB|GiB))?\s*$"
 )
 _UNITS = {None: 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+# This process's identity in owner files: a restarted container runs its command again
+# under the same pid (1), so the pid alone cannot tell the new process from the killed one.
+PROCESS_INSTANCE = uuid.uuid4().hex
 
 
 def sim_root(env: Mapping[str, str] | None = None) -> Path:
@@ -294,6 +299,34 @@ def _next_client_id(root: Path) -> int:
     return _allocate_dir(ids, max(used, default=0) + 1)
 
 
+def remove_dead_siblings(root: Path, container_id: str | None, instance: str) -> list[str]:
+    """Remove entries of ``container_id`` made by another process instance; their names.
+
+    A container runs one stand-in process. When a new one registers, every earlier process
+    of that container is dead (the container was restarted, which kills them all), and the
+    kernel would have closed their DRM files with them: their entries go before the new
+    process looks at the card's free memory, so it never counts a dead process's VRAM.
+    """
+    removed: list[str] = []
+    if container_id is None:
+        return removed
+    try:
+        entries = [p for p in (root / "proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            owner = json.loads((entry / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(owner, dict) or owner.get("container_id") != container_id:
+            continue
+        if owner.get("instance") != instance:
+            remove_entry(entry)
+            removed.append(entry.name)
+    return removed
+
+
 def remove_entry(pid_dir: Path) -> None:
     """Remove a ``<root>/proc/<pid>`` entry atomically (rename away, then delete)."""
     gone = pid_dir.parent / f".gone-{pid_dir.name}-{uuid.uuid4().hex[:8]}"
@@ -369,11 +402,13 @@ class SimClient:
             self._system = system
             # xe's total-cycles is the GT timestamp since boot: start from a plausible value.
             self._total_base = int(time.time() * TIMESTAMP_HZ) % (1 << 40)
+            remove_dead_siblings(self.root, self.container_id, PROCESS_INSTANCE)
             self.client_id = _next_client_id(self.root)
             self.pid = _allocate_dir(self.root / "proc", FIRST_PID)
             pid_dir = self.root / "proc" / str(self.pid)
             owner = {
                 "owner_pid": os.getpid(),
+                "instance": PROCESS_INSTANCE,
                 "container_id": self.container_id,
                 "note": "SIMULATION: lab stand-in entry, not a real process",
             }

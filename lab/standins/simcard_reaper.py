@@ -7,7 +7,9 @@ process dies; this loop plays that part.  Every second it removes entries
 
 * whose container (from the ``cgroup`` line) is not running, asking the Docker engine
   at ``/var/run/docker.sock`` (``GET /containers/<id>/json`` -> ``State.Running``;
-  a 404 means gone), and
+  a 404 means gone), or was started again after the entry was made (``State.StartedAt``
+  later than the entry's owner file: a killed process whose container was restarted
+  under the same id, as the arbiter's restart of ComfyUI does), and
 * that name no container but whose recorded owner pid (``cardshare-sim-owner``) is gone.
 
 When the engine cannot be asked, container entries are kept (never remove on doubt).
@@ -17,6 +19,7 @@ Run as ``python3 simcard_reaper.py [--root R] [--interval S] [--once]``.
 from __future__ import annotations
 
 import argparse
+import calendar
 import contextlib
 import http.client
 import json
@@ -28,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,6 +51,8 @@ _CGROUP_RE = re.compile(r"(?:docker-|/docker/)([0-9a-f]{64})")
 
 # container id -> running (True/False), or None when unknown
 EngineLookup = Callable[[str], bool | None]
+# container id -> State.StartedAt in Unix seconds, or None when unknown
+StartLookup = Callable[[str], float | None]
 PidLookup = Callable[[int], bool]
 
 
@@ -68,25 +74,45 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def docker_running(container_id: str, socket_path: str = DOCKER_SOCKET) -> bool | None:
-    """Ask the engine whether a container runs: ``None`` when the engine cannot tell."""
+def _inspect(container_id: str, socket_path: str) -> tuple[int, Any]:
     conn = _UnixConnection(socket_path, timeout=3)
     try:
         conn.request("GET", f"/containers/{container_id}/json")
         response = conn.getresponse()
         body = response.read()
     except OSError:
-        return None
+        return 0, None
     finally:
         conn.close()
-    if response.status == 404:
-        return False
-    if response.status != 200:
-        return None
     try:
-        return bool(json.loads(body)["State"]["Running"])
-    except (ValueError, KeyError, TypeError):
+        return response.status, json.loads(body) if response.status == 200 else None
+    except ValueError:
+        return 0, None
+
+
+def docker_running(container_id: str, socket_path: str = DOCKER_SOCKET) -> bool | None:
+    """Ask the engine whether a container runs: ``None`` when the engine cannot tell."""
+    status, doc = _inspect(container_id, socket_path)
+    if status == 404:
+        return False
+    try:
+        return bool(doc["State"]["Running"]) if status == 200 else None
+    except (KeyError, TypeError):
         return None
+
+
+def docker_started_at(container_id: str, socket_path: str = DOCKER_SOCKET) -> float | None:
+    """``State.StartedAt`` of a container in Unix seconds; ``None`` when unknown."""
+    status, doc = _inspect(container_id, socket_path)
+    try:
+        text = str(doc["State"]["StartedAt"]) if status == 200 else ""
+    except (KeyError, TypeError):
+        return None
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$", text)
+    if not match or text.startswith("0001-"):
+        return None
+    seconds = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return seconds + float(f"0.{match.group(2) or 0}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -99,7 +125,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def stale_reason(pid_dir: Path, engine: EngineLookup, alive: PidLookup) -> str | None:
+def stale_reason(
+    pid_dir: Path,
+    engine: EngineLookup,
+    alive: PidLookup,
+    started: StartLookup = lambda _: None,
+) -> str | None:
     """Why an entry is stale (a sentence), or ``None`` to keep it."""
     owner_path = pid_dir / OWNER_FILE
     if not owner_path.exists():
@@ -111,6 +142,10 @@ def stale_reason(pid_dir: Path, engine: EngineLookup, alive: PidLookup) -> str |
         running = engine(container_id)
         if running is False:
             return f"container {container_id[:12]} is not running"
+        since = started(container_id) if running else None
+        with contextlib.suppress(OSError):
+            if since is not None and owner_path.stat().st_mtime < since - 1.0:
+                return f"container {container_id[:12]} started again after the entry was made"
         return None
     try:
         owner = json.loads(owner_path.read_text())
@@ -120,7 +155,12 @@ def stale_reason(pid_dir: Path, engine: EngineLookup, alive: PidLookup) -> str |
     return None if alive(owner_pid) else f"owner pid {owner_pid} is gone"
 
 
-def reap(root: Path, engine: EngineLookup, alive: PidLookup = pid_alive) -> list[tuple[str, str]]:
+def reap(
+    root: Path,
+    engine: EngineLookup,
+    alive: PidLookup = pid_alive,
+    started: StartLookup = lambda _: None,
+) -> list[tuple[str, str]]:
     """Remove stale entries under ``<root>/proc``; return ``(pid, reason)`` for each."""
     proc = root / "proc"
     removed: list[tuple[str, str]] = []
@@ -141,7 +181,7 @@ def reap(root: Path, engine: EngineLookup, alive: PidLookup = pid_alive) -> list
             continue
         if not entry.name.isdigit():
             continue
-        reason = stale_reason(entry, cached, alive)
+        reason = stale_reason(entry, cached, alive, started)
         if reason is not None:
             remove_entry(entry)
             removed.append((entry.name, reason))
@@ -161,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return docker_running(container_id, args.socket)
 
     while True:
-        for pid, reason in reap(root, engine):
+        for pid, reason in reap(root, engine, started=lambda c: docker_started_at(c, args.socket)):
             print(f"SIMULATION: removed simulated client {pid}: {reason}", flush=True)
         if args.once:
             return 0

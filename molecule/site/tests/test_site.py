@@ -293,3 +293,86 @@ def _answers(arbiter: str) -> bool:
     except requests.RequestException:
         return False
 
+
+# --- faults, live: one case per defect class of the arbiter under faults ------------------
+
+
+def comfyui_started_at(host: Any) -> str:
+    return lab(host, "docker inspect -f '{{.State.StartedAt}}' comfyui-comfyui-1").strip()
+
+
+def test_comfyui_killed_mid_job_is_restarted_and_the_job_runs_once(
+    host: Any, arbiter: str, token: str
+) -> None:
+    """ComfyUI dies under a job (its in-memory history with it): the arbiter restarts it,
+    raises image_crashed, and the job ends done with exactly one photograph."""
+    (job_id,) = [submit(arbiter, token)]
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    started = comfyui_started_at(host)
+    lab(host, "docker kill comfyui-comfyui-1")
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    assert len(files_of(host, job_id)) == 1
+    faults = requests.get(f"{arbiter}/v1/status", timeout=10).json()["engine"]["faults"]
+    assert faults.get("image_crashed", 0) >= 1, faults
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+    assert not comfyui_running(host)
+    assert comfyui_started_at(host) != started
+
+
+def test_a_running_job_is_cancelled_and_its_prompt_interrupted(
+    host: Any, arbiter: str, token: str
+) -> None:
+    first, second = submit(arbiter, token), submit(arbiter, token)
+    wait_for("the first job to run", lambda: job(arbiter, first)["state"] == "running", 120, step=0.1)
+    resp = requests.delete(f"{arbiter}/v1/jobs/{first}", headers=auth(), timeout=10)
+    assert resp.status_code in (202, 409), resp.text  # 409: it finished in between
+    wait_for("the second job to be done", lambda: all_done(arbiter, [second]), 300)
+    doc = job(arbiter, first)
+    # a prompt that finished between the request and the interrupt ends done: both are true
+    assert doc["state"] in ("cancelled", "done"), doc
+    if doc["state"] == "cancelled":
+        assert resp.status_code == 202
+        assert doc["reason"] == "cancelled by request while running"
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+
+
+def test_job_details_need_the_token_and_health_follows_the_engine(
+    host: Any, arbiter: str, token: str
+) -> None:
+    job_id = submit(arbiter, token)
+    assert requests.get(f"{arbiter}/v1/jobs/{job_id}", timeout=10).status_code == 401
+    public = requests.get(f"{arbiter}/v1/status", timeout=10).json()
+    assert public["current_job"] is None
+    health = requests.get(f"{arbiter}/v1/health", timeout=10)
+    assert health.status_code == 200 and health.json()["healthy"] is True
+    assert lab(host, "docker inspect -f '{{.State.Health.Status}}' arbiter-arbiter-1").strip() == (
+        "healthy"
+    )
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+
+
+def test_a_hung_comfyui_is_restarted_and_the_job_runs_once(
+    host: Any, arbiter: str, token: str
+) -> None:
+    """ComfyUI stops answering while its container runs (paused: a hang, not a crash): after
+    comfyui_unanswered_polls unanswered polls the arbiter restarts it (a new start time), the
+    engine's heartbeat stays fresh all along, and the job ends done with one photograph."""
+    job_id = submit(arbiter, token)
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    started = comfyui_started_at(host)
+    lab(host, "docker pause comfyui-comfyui-1")
+    try:
+        wait_for(
+            "the arbiter to restart the hung ComfyUI",
+            lambda: comfyui_started_at(host) != started,
+            180,
+            step=1,
+        )
+        assert requests.get(f"{arbiter}/v1/health", timeout=10).status_code == 200
+    finally:
+        if "paused" in lab(host, "docker inspect -f '{{.State.Status}}' comfyui-comfyui-1"):
+            lab(host, "docker unpause comfyui-comfyui-1")
+    wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+    assert len(files_of(host, job_id)) == 1
+    wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)

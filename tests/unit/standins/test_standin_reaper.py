@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socketserver
 import threading
 from collections.abc import Iterator
@@ -69,7 +70,8 @@ def test_reap_removes_only_stale_entries(card_root: Path) -> None:
 class FakeEngine(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == f"/containers/{RUNNING}/json":
-            body = json.dumps({"State": {"Running": True}}).encode()
+            state = {"Running": True, "StartedAt": "2026-12-01T13:00:00.250000000Z"}
+            body = json.dumps({"State": state}).encode()
             self.send_response(200)
         elif self.path == f"/containers/{STOPPED}/json":
             body = json.dumps({"State": {"Running": False}}).encode()
@@ -124,3 +126,31 @@ def test_main_once(card_root: Path, docker_socket: str, capsys: pytest.CaptureFi
         f"container {STOPPED[:12]} is not running\n"
     )
     assert not any(p.name.isdigit() for p in (card_root / "proc").iterdir())
+
+
+def test_reap_removes_the_entry_of_a_container_started_again(card_root: Path) -> None:
+    """ComfyUI SIGKILLed and its container restarted under the same id (the arbiter's
+    restart): the dead process's entry goes, as the kernel would have closed its file; an
+    entry made after the start stays."""
+    old = register(card_root, RUNNING)
+    owner = old.pid_dir / simcard.OWNER_FILE  # type: ignore[operator]
+    made = owner.stat().st_mtime
+    removed = reaper.reap(card_root, engine, started=lambda _: made + 30)
+    assert removed == [
+        (str(old.pid), f"container {RUNNING[:12]} started again after the entry was made")
+    ]
+    new = register(card_root, RUNNING)
+    new_owner = new.pid_dir / simcard.OWNER_FILE  # type: ignore[operator]
+    os.utime(new_owner, (made + 60, made + 60))  # registered after that start
+    assert reaper.reap(card_root, engine, started=lambda _: made + 30) == []
+    assert new.pid_dir.exists()  # type: ignore[union-attr]
+
+
+def test_docker_started_at_asks_the_engine(docker_socket: str) -> None:
+    import calendar
+    import time
+
+    expected = calendar.timegm(time.strptime("2026-12-01T13:00:00", "%Y-%m-%dT%H:%M:%S"))
+    assert reaper.docker_started_at(RUNNING, docker_socket) == expected + 0.25
+    assert reaper.docker_started_at(STOPPED, docker_socket) is None  # no StartedAt given
+    assert reaper.docker_started_at(GONE, docker_socket) is None

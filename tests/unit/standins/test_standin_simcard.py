@@ -233,3 +233,51 @@ def test_set_busy_refuses_unknown_engine(card_root: Path) -> None:
     client = simcard.SimClient("a", ["a"], root=card_root, container_id=None)
     with pytest.raises(ValueError, match=r"^unknown engine classes: \['gpu'\]$"):
         client.set_busy({"gpu": 1.0})
+
+
+def test_a_new_process_in_a_container_drops_its_killed_predecessors_entry(
+    card_root: Path,
+) -> None:
+    """A container restarted after a SIGKILL runs its stand-in again under the same id: the
+    killed process's entry (left behind, as no close() ran) goes when the new one registers,
+    so the new process never counts the dead one's VRAM; another container's entry stays."""
+    other = "b" * 64
+    dead = simcard.SimClient("python3", ["main.py"], root=card_root, container_id=CID)
+    dead.register(vram=20 * 1024**3)
+    neighbour = simcard.SimClient("Plex Transcoder", ["t"], root=card_root, container_id=other)
+    neighbour.register(vram=1024**3)
+    assert dead.pid_dir is not None
+    left = dead.pid_dir
+    dead._stop.set()  # killed: the entry stays, nothing closes it
+    owner = json.loads((left / simcard.OWNER_FILE).read_text())
+    owner["instance"] = "0" * 32  # the killed process was another instance
+    (left / simcard.OWNER_FILE).write_text(json.dumps(owner))
+    reborn = simcard.SimClient("python3", ["main.py"], root=card_root, container_id=CID)
+    try:
+        assert reborn.register(vram=2 * 1024**3)
+        owners = [
+            json.loads((e / simcard.OWNER_FILE).read_text())
+            for e in (card_root / "proc").iterdir()
+        ]
+        mine = [o for o in owners if o["container_id"] == CID]
+        assert [o["instance"] for o in mine] == [simcard.PROCESS_INSTANCE]
+        assert neighbour.pid_dir is not None and neighbour.pid_dir.exists()
+        free, total = reborn.free_vram()
+        assert free == total - 3 * 1024**3
+    finally:
+        reborn.close()
+        neighbour.close()
+
+
+def test_clients_of_one_process_in_one_container_stay_together(card_root: Path) -> None:
+    """Plex runs several transcodes in one process: registering one keeps the others."""
+    first = simcard.SimClient("Plex Transcoder", ["t"], root=card_root, container_id=CID)
+    second = simcard.SimClient("Plex Transcoder", ["t"], root=card_root, container_id=CID)
+    first.register(vram=1024**3)
+    second.register(vram=1024**3)
+    try:
+        assert first.pid_dir is not None and first.pid_dir.exists()
+        assert simcard.read_resident_vram(card_root, PDEV) == 2 * 1024**3
+    finally:
+        first.close()
+        second.close()
