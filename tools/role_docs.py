@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Generate each role's README from its ``meta/argument_specs.yml`` and check the spec.
 
     python tools/role_docs.py            write roles/*/README.md
@@ -533,6 +532,11 @@ def render_readme(role: str, entries: Sequence[EntryPoint], defaults: Mapping[st
                     lines += [markup(entry.short_description), ""]
                 for paragraph in entry.description:
                     lines += [markup(paragraph), ""]
+            same = main is not None and entry.options and entry.options == main.options
+            if entry is not main and same:
+                # an alias of main's options (as a preflight entry point has): no second table
+                lines.append("The same variables as the entry point `main`.")
+                continue
             lines += _entry_section(entry, defaults, "###")
     lines += [
         "",

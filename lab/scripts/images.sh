@@ -5,6 +5,9 @@
 #   images.sh              build what is missing, tag each cardshare-lab/NAME:current, and save
 #                          the images the lab host runs (stand-ins, pybase) to the lab cache
 #   images.sh --tag NAME   print the hashed tag of NAME
+#   images.sh --prune-stages
+#                          remove the untagged images the lab's builds leave (the build stage
+#                          of rhel10-sim, the last step of a failed build); not while building
 #
 # Images: base (debootstrap), pybase (base + aiohttp, for the project's services),
 # vllm-standin, comfyui-standin, plex-standin (SIMULATION: stand-ins for vendor images),
@@ -31,7 +34,8 @@ recipe_hash() {
     vllm-standin|comfyui-standin|plex-standin)
       hash_of lab/standins "base=$(recipe_hash base)" "image=$1" ;;
     rhel10-sim)
-      hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service tools/compose-binary.sh \
+      hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/simcard.py \
+        lab/standins/cardshare-sim-reaper.service tools/compose-binary.sh \
         "base=$(recipe_hash base)" "$(compose_pin)" ;;
     runtime) hash_of "${RUNTIME[@]/#/name=}" "$(for n in "${RUNTIME[@]}"; do recipe_hash "$n"; done)" ;;
     *) echo "images.sh: unknown image '$1'" >&2; exit 2 ;;
@@ -67,7 +71,9 @@ build_one() {
         cp -a lab/images/rhel10-sim/. "$ctx/"
         mkdir -p "$ctx/.build"
         cp "$(tools/compose-binary.sh)" "$ctx/.build/docker-compose"
-        cp lab/standins/simcard_reaper.py lab/standins/cardshare-sim-reaper.service "$ctx/.build/"
+        # the reaper imports simcard (its owner file, the atomic removal)
+        cp lab/standins/simcard_reaper.py lab/standins/simcard.py lab/standins/cardshare-sim-reaper.service \
+          "$ctx/.build/"
         docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
         rm -rf "$ctx" ;;
     esac
@@ -95,7 +101,20 @@ save_runtime() {
   echo "$want" > "$CACHE/images/runtime.hash"
 }
 
+# Only untagged images with the label of the lab's base (inherited by every lab image), so a
+# user's own untagged images stay.
+prune_stages() {
+  local out
+  if ! docker info >/dev/null 2>&1; then
+    echo "images: no Docker engine answers at ${DOCKER_HOST:-the default socket}; no build stages removed"
+    return 0
+  fi
+  out=$(docker image prune -f --filter "label=io.cardshare.lab=true")
+  echo "images: removed the lab builds' untagged stages (reclaimed ${out##*Total reclaimed space: })"
+}
+
 if [ "${1:-}" = "--tag" ]; then tag_of "$2"; exit 0; fi
+if [ "${1:-}" = "--prune-stages" ]; then prune_stages; exit 0; fi
 [ -x .venv/bin/python ] || tools/venv.sh
 for n in base pybase vllm-standin comfyui-standin plex-standin rhel10-sim; do build_one "$n"; done
 save_runtime

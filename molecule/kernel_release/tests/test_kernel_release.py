@@ -39,3 +39,15 @@ def test_the_simulated_boot_bound_the_card_to_xe(host):
     log = host.check_output("journalctl -b -u cardshare-sim-boot --no-pager -o cat")
     assert "booted 6.12.0-211.5.1.el10_2.x86_64" in log
     assert "driver=xe" in log
+
+
+def test_the_whole_system_moved_and_the_host_reports_the_release(host):
+    # kernel_release_update_scope defaults to all: the release package moved with the kernel
+    assert host.package("redhat-release").version == "10.2"
+    assert 'VERSION_ID="10.2"' in host.file("/etc/os-release").content_string.splitlines()
+    assert host.file("/etc/redhat-release").content_string.startswith(
+        "Red Hat Enterprise Linux release 10.2"
+    )
+    assert host.ansible("setup", "filter=ansible_distribution_version")["ansible_facts"][
+        "ansible_distribution_version"
+    ] == "10.2"

@@ -175,6 +175,13 @@ def test_the_box_is_up_as_site_left_it(host: Any, arbiter: str) -> None:
     assert st["queue_length"] == 0
 
 
+def test_the_labs_card_reaper_runs(host: Any) -> None:
+    """SIMULATION: the lab's stand-in for the kernel closing a dead process's DRM file runs
+    (without it a killed stand-in's VRAM stays on the simulated card for ever)."""
+    shown = lab(host, "systemctl show -p ActiveState -p NRestarts cardshare-sim-reaper")
+    assert sorted(shown.split()) == ["ActiveState=active", "NRestarts=0"], shown
+
+
 def test_openai_client_through_the_proxy(proxy: str) -> None:
     client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=60)
     reply = client.chat.completions.create(
@@ -202,6 +209,7 @@ def test_a_plex_transcode_vetoes_the_swap_until_it_ends(host: Any, arbiter: str,
     transcode(host, "on")
     try:
         first = submit(arbiter, token)
+
         # idle_seconds (5) and a fresh card scan pass; the arbiter must still refuse
         def vetoed() -> bool:
             st = status(arbiter)

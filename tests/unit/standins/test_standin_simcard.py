@@ -256,8 +256,7 @@ def test_a_new_process_in_a_container_drops_its_killed_predecessors_entry(
     try:
         assert reborn.register(vram=2 * 1024**3)
         owners = [
-            json.loads((e / simcard.OWNER_FILE).read_text())
-            for e in (card_root / "proc").iterdir()
+            json.loads((e / simcard.OWNER_FILE).read_text()) for e in (card_root / "proc").iterdir()
         ]
         mine = [o for o in owners if o["container_id"] == CID]
         assert [o["instance"] for o in mine] == [simcard.PROCESS_INSTANCE]

@@ -536,6 +536,32 @@ argument_specs:
     assert "### Entry point `verify`" in readme
 
 
+def test_readme_an_entry_point_aliasing_mains_options_gets_no_second_table() -> None:
+    spec = """\
+---
+argument_specs:
+  main:
+    short_description: Main
+    options: &options
+      demo_size: {type: int, default: 3, description: A size.}
+  preflight:
+    short_description: Checks only
+    options: *options
+  other:
+    short_description: Other
+    options:
+      demo_size: {type: int, default: 4, description: Another size.}
+"""
+    entries, errors = role_docs.parse_spec(role_docs.parse_yaml(spec))
+    assert errors == []
+    readme = role_docs.render_readme("demo", entries, {"demo_size": 3})
+    preflight = readme.split("### Entry point `preflight`", 1)[1].split("## Usage", 1)[0]
+    assert "The same variables as the entry point `main`." in preflight
+    assert "| Name |" not in preflight
+    other = readme.split("### Entry point `other`", 1)[1].split("### Entry point", 1)[0]
+    assert "| `demo_size` |" in other and "The same variables" not in other
+
+
 @pytest.mark.parametrize(
     "order",
     [

@@ -2,6 +2,8 @@
 # SIMULATION: builds the lab's local package repositories from kernels.txt with real
 # rpmbuild and createrepo_c. Each stand-in kernel carries only what the roles read:
 # /lib/modules/<uname -r>/modules.alias (xe and i915 lines) and a placeholder vmlinuz.
+# Each RHEL minor release's repository also gets its redhat-release package (os-release,
+# redhat-release), so a system update within a pinned release moves what the host reports.
 set -eu
 here=$(dirname "$0")
 out=${1:-/srv/repos}
@@ -55,7 +57,58 @@ SPEC
   mkdir -p "$out/$repo"
   cp "$top"/build/RPMS/*/"$name-$ver-$rel".*.rpm "$out/$repo/"
 done
-for repo in $(grep -v '^#' "$here/kernels.txt" | awk 'NF {print $1}' | sort -u); do
+# redhat-release X.Y for each rhel/X.Y repository, as RHEL's own package lays the files out
+grep -v '^#' "$here/kernels.txt" | awk '$1 ~ /^rhel\// {print $1}' | sort -u | while IFS= read -r repo; do
+  minor=$(echo "$repo" | cut -d/ -f2)
+  src="$top/redhat-release-$minor"
+  mkdir -p "$src"
+  cat > "$src/os-release" <<OSR
+NAME="Red Hat Enterprise Linux"
+VERSION="$minor (Coughlan)"
+ID="rhel"
+ID_LIKE="centos fedora"
+VERSION_ID="$minor"
+PLATFORM_ID="platform:el10"
+PRETTY_NAME="Red Hat Enterprise Linux $minor (Coughlan)"
+ANSI_COLOR="0;31"
+HOME_URL="https://www.redhat.com/"
+# SIMULATION: this is the cardshare lab host (Debian userland, real dnf/rpm/systemd/Docker),
+# dressed as RHEL $minor by the lab's redhat-release package.
+CARDSHARE_LAB_SIMULATION="1"
+OSR
+  echo "Red Hat Enterprise Linux release $minor (Coughlan)" > "$src/redhat-release"
+  cat > "$top/redhat-release-$minor.spec" <<SPEC
+Name: redhat-release
+Version: $minor
+Release: 1.el10
+Summary: SIMULATION: the RHEL $minor release files for the cardshare lab
+License: GPL-2.0-or-later
+Vendor: Red Hat, Inc.
+BuildArch: noarch
+AutoReqProv: no
+Provides: system-release = $minor
+
+%description
+SIMULATION. /etc/os-release and /etc/redhat-release of RHEL $minor, nothing else.
+
+%install
+mkdir -p %{buildroot}/usr/lib %{buildroot}/etc
+cp $src/os-release %{buildroot}/usr/lib/os-release
+ln -s ../usr/lib/os-release %{buildroot}/etc/os-release
+cp $src/redhat-release %{buildroot}/etc/redhat-release
+ln -s redhat-release %{buildroot}/etc/system-release
+
+%files
+/usr/lib/os-release
+/etc/os-release
+/etc/redhat-release
+/etc/system-release
+SPEC
+  rpmbuild --quiet --define "_topdir $top/build" --define "_build_id_links none" \
+    -bb "$top/redhat-release-$minor.spec"
+  cp "$top/build/RPMS/noarch/redhat-release-$minor-1.el10.noarch.rpm" "$out/$repo/"
+done
+grep -v '^#' "$here/kernels.txt" | awk 'NF {print $1}' | sort -u | while IFS= read -r repo; do
   createrepo_c --quiet "$out/$repo"
 done
 rm -rf "$top"
