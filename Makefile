@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test lint unit faults molecule deps venv engine engine-stop images lab-host lab-down build clean
+.PHONY: help demo test lint unit faults molecule deps venv collection-link engine engine-stop images lab-host lab-shell lab-down build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -13,7 +13,7 @@ demo: ## build the lab if needed and run playbooks/site.yml against the lab host
 test: ## everything: lint, unit tests, every molecule scenario (installs and starts what it needs)
 	tools/run-tests.sh
 
-lint: venv ## yamllint, ansible-lint, ruff, mypy, role docs, changelog
+lint: venv ## yamllint, ansible-lint, ruff, mypy, role docs, changelog, ansible-test sanity, tarball
 	tools/collection-link.sh && tools/lint.sh
 
 unit: venv ## the Python unit tests
@@ -32,6 +32,9 @@ deps: ## install Docker engine and debootstrap (Debian, as root) when missing
 venv: ## the pinned development virtualenv in .venv
 	tools/venv.sh
 
+collection-link: ## put the checkout on Ansible's collections path (.cache/collections) as cardshare.gpuhost
+	tools/collection-link.sh
+
 engine: ## start the project's Docker engine when none answers
 	lab/scripts/engine.sh start
 
@@ -44,8 +47,12 @@ images: ## build the lab images that are missing (cached by recipe hash)
 lab-host: images ## create and boot the demo's lab host
 	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/host.sh up
 
-lab-down: ## remove the demo's lab host
+lab-shell: ## a shell on the demo's lab host, through the lab's Docker engine
+	DOCKER_HOST=$$(lab/scripts/engine.sh host) docker exec -it $${CARDSHARE_LAB_HOST:-cardshare-lab-host} bash
+
+lab-down: ## remove the demo's lab host and the untagged build stages the lab's image builds left
 	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/host.sh down
+	DOCKER_HOST=$$(lab/scripts/engine.sh host) lab/scripts/images.sh --prune-stages
 
 build: venv ## build the collection tarball
 	.venv/bin/ansible-galaxy collection build --force

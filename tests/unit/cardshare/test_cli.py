@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cardshare.cli import format_clients, main
+from cardshare.cli import ENGINES_UNKNOWN_LEGEND, format_clients, main
 
 ROOT = Path(__file__).resolve().parents[3]
 CID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -64,7 +64,11 @@ def test_scan_then_clients_then_report(
     assert json.loads(capsys.readouterr().out) == current
 
     assert main(["clients", "--data-dir", str(data)]) == 0
-    assert "llm     20.00 GiB" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "llm     20.00 GiB" in table
+    # the first scan has no earlier sample: the share is unknown, and the table says why
+    assert "ccs=?" in table
+    assert table.endswith(ENGINES_UNKNOWN_LEGEND + "\n")
 
     month = current["timestamp"][:7]
     assert main(["report", "--month", month, "--data-dir", str(data), "--json"]) == 0
@@ -135,8 +139,39 @@ def test_format_clients() -> None:
         "  plex    1.00 GiB  0.00 GiB  0.00 GiB  vcs=50% vecs=?  7,9\n"
         "card 0000:04:00.0 (?): VRAM used 0.00 GiB of ?\n"
         "  no clients\n"
+        "ENGINES ? = no busy share yet: no earlier sample of this client to compare with (a new or "
+        "restarted client, the first scan after a boot) or no time counted since it; the next scan "
+        "compares with this one\n"
     )
     assert format_clients({"cards": {}}) == "scan None on None\nno DRM cards or clients found\n"
+
+
+def _one_client(engines: dict[str, float | None]) -> dict[str, Any]:
+    client = {"name": "vllm/vllm", "vram_bytes": 0, "gtt_bytes": 0, "system_bytes": 0}
+    card: dict[str, Any] = {"driver": "xe", "vram_used_bytes": 0, "vram_total_bytes": 0}
+    card["clients"] = [{**client, "engines": engines, "pids": [7]}]
+    return {"timestamp": "t", "host": "h", "cards": {"0000:03:00.0": card}}
+
+
+@pytest.mark.parametrize(
+    ("engines", "shown", "legend"),
+    [
+        # right after a restart: no earlier sample, every share unknown
+        ({"ccs": None, "rcs": None}, "ccs=? rcs=?", True),
+        # one class without an earlier value is enough for the legend
+        ({"ccs": 0.25, "vcs": None}, "ccs=25% vcs=?", True),
+        # every share known (0 is a share, not an unknown): no legend
+        ({"ccs": 0.25, "vcs": 0.0}, "ccs=25% vcs=0%", False),
+        # no engine counters at all: no share to explain
+        ({}, "-", False),
+    ],
+)
+def test_format_clients_explains_unknown_shares(
+    engines: dict[str, float | None], shown: str, legend: bool
+) -> None:
+    lines = format_clients(_one_client(engines)).splitlines()
+    assert lines[3] == f"  vllm/vllm  0.00 GiB  0.00 GiB  0.00 GiB  {shown:<7}  7"
+    assert lines[4:] == ([ENGINES_UNKNOWN_LEGEND] if legend else [])
 
 
 @pytest.mark.parametrize(
