@@ -19,6 +19,14 @@ binary whatever its spelling: ``g``, ``gb`` and ``gib`` all mean 1024**3 bytes. 
 for all sizes of the role keeps ``vllm_memory_limit`` meaning what Compose makes of it, and
 a "32 GB" card is 32 GiB of memory.  Only the ratios matter for the utilisation, so the card,
 the reservations and the headroom only need to be given in the same unit.
+
+Numbers.  Every number of the role (the utilisation and its ceiling, the context target, the
+port, a reservation's count) is read by :func:`parse_number`, which takes a number or a
+string spelling one in decimal: ``-e vllm_context_target=65536`` gives the string
+``"65536"``, which the role's argument spec accepts for an ``int`` without converting it for
+the tasks that follow.  The string gives the same result as the number; what does not spell a
+finite decimal number (``"lots"``, ``""``, ``"0x10"``, ``"nan"``, ``"1e400"``) is refused with
+a message naming the variable, the value and the fix.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from fractions import Fraction
+from typing import Literal, overload
 
 __all__ = [
     "ACCEPTED_QUANTIZATIONS",
@@ -50,6 +59,7 @@ __all__ = [
     "gpu_memory_utilization",
     "human_size",
     "model_spec",
+    "parse_number",
     "parse_reservations",
     "parse_size",
     "required_host_memory",
@@ -111,6 +121,13 @@ MANAGED_FLAGS: dict[str, str] = {
 # Lower bound of a sensible context: below this an agent's prompt does not fit at all.
 MIN_CONTEXT_TOKENS = 256
 
+# A number in decimal, as Python (and so Ansible's argument spec) reads it, ASCII only: an
+# optional sign, digits ('_' between digits groups them), an optional fraction and exponent.
+_DIGITS = r"[0-9](?:_?[0-9])*"
+_NUMBER_RE = re.compile(
+    rf"^[+-]?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:[eE][+-]?{_DIGITS})?$"
+)
+_INTEGER_RE = re.compile(rf"^[+-]?{_DIGITS}$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i?)|)(b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KIB, "m": MIB, "g": GIB, "t": 1024**4, "p": 1024**5}
 _ENTRY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -178,6 +195,75 @@ def parse_size(value: object, variable: str, *, allow_zero: bool = False) -> int
     return size
 
 
+def _finite(number: int | float | Decimal) -> bool:
+    """Whether ``number`` is finite and within the range of a float."""
+    try:
+        return math.isfinite(float(number))
+    except OverflowError:  # an int beyond a float's range
+        return False
+
+
+@overload
+def parse_number(
+    value: object, variable: str, expected: str, example: str, *, whole: Literal[True]
+) -> int: ...
+
+
+@overload
+def parse_number(
+    value: object, variable: str, expected: str, example: str, *, whole: bool = False
+) -> int | float: ...
+
+
+def parse_number(
+    value: object, variable: str, expected: str, example: str, *, whole: bool = False
+) -> int | float:
+    """A number, or a string spelling one in decimal, as the number it is.
+
+    Values given on the command line (``-e vllm_context_target=65536``) are strings; the
+    role's argument spec accepts them for its ``int`` and ``float`` options but leaves them
+    strings.  A string gives the same number as the value written as a number: an integer
+    when it has no fraction or exponent, a float otherwise, and with ``whole`` an integer
+    (``"65536.0"`` and ``65536.0`` are 65536, as the spec reads them).  Surrounding blanks
+    are ignored.  Refused, with a message naming ``variable``, the value, what is
+    ``expected`` and an ``example``: booleans, null and other types, strings that do not
+    spell a decimal number (``"lots"``, ``""``, ``"0x10"``, ``"nan"``, ``"inf"``), numbers
+    that are not finite or beyond a float's range (``"1e400"``), and with ``whole`` numbers
+    with a fraction.
+
+    >>> parse_number("0.8", "vllm_gpu_memory_utilization", "a number", "0.85")
+    0.8
+    >>> parse_number("65536", "vllm_context_target", "a whole number", "65536", whole=True)
+    65536
+    """
+    kind = "a whole number" if whole else "a decimal number"
+
+    def refuse(got: str, error: type[VllmTuningError] = VllmTuningError) -> VllmTuningError:
+        return error(f"{variable}: expected {expected}, got {got}; give {kind} such as {example}")
+
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise refuse(f"{_type_name(value)} ({value!r})", VllmTypeError)
+    if isinstance(value, str):
+        text = value.strip()
+        if not _NUMBER_RE.match(text):
+            raise refuse(f"{value!r}, which is not a decimal number")
+        exact = Decimal(text)
+        if not _finite(exact):
+            raise refuse(f"{value!r}, which is out of range")
+        if whole and exact != exact.to_integral_value():
+            raise refuse(f"{value!r}, which is not a whole number")
+        return int(exact) if whole or _INTEGER_RE.match(text) else float(exact)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise refuse(f"{value!r}, which is not a finite number")
+    if not _finite(value):
+        raise refuse(f"{value!r}, which is out of range")
+    if whole and isinstance(value, float):
+        if not value.is_integer():
+            raise refuse(f"{value!r}, which is not a whole number")
+        return int(value)
+    return value
+
+
 def human_size(size: int) -> str:
     """A short binary rendering for messages: ``8 GiB``, ``819.2 MiB``, ``512 B``."""
     for unit, factor in (("TiB", 1024**4), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
@@ -235,21 +321,16 @@ def parse_reservations(value: object, variable: str = "vllm_reservations") -> li
         if "bytes" not in item:
             raise VllmTuningError(f"{where}.bytes: missing; give the size of one use, e.g. 2GiB")
         size = parse_size(item["bytes"], f"{where}.bytes", allow_zero=True)
-        count = item.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise VllmTuningError(
-                f"{where}.count: expected a whole number of uses (0 or more), got {count!r}"
-            )
+        expected = "a whole number of uses (0 or more)"
+        count = parse_number(item.get("count", 1), f"{where}.count", expected, "2", whole=True)
+        if count < 0:
+            raise VllmTuningError(f"{where}.count: expected {expected}, got {count!r}")
         result.append(Reservation(name=name, size=size, count=count))
     return result
 
 
-def _check_ceiling(ceiling: object) -> Fraction:
-    if isinstance(ceiling, bool) or not isinstance(ceiling, int | float):
-        raise VllmTypeError(
-            f"vllm_gpu_memory_utilization_max: expected a number in (0, 1], "
-            f"got {_type_name(ceiling)} ({ceiling!r})"
-        )
+def _check_ceiling(value: object) -> Fraction:
+    ceiling = parse_number(value, "vllm_gpu_memory_utilization_max", "a number in (0, 1]", "0.95")
     if not 0 < ceiling <= 1:
         raise VllmTuningError(
             f"vllm_gpu_memory_utilization_max: {ceiling!r} is outside (0, 1]; "
@@ -258,12 +339,13 @@ def _check_ceiling(ceiling: object) -> Fraction:
     return Fraction(str(ceiling))
 
 
-def _check_override(override: object, ceiling: Fraction, ceiling_text: str) -> float:
-    if isinstance(override, bool) or not isinstance(override, int | float):
-        raise VllmTypeError(
-            "vllm_gpu_memory_utilization: expected null (computed) or a number in "
-            f"(0, {ceiling_text}], got {_type_name(override)} ({override!r})"
-        )
+def _check_override(value: object, ceiling: Fraction, ceiling_text: str) -> float:
+    override = parse_number(
+        value,
+        "vllm_gpu_memory_utilization",
+        f"null (computed) or a number in (0, {ceiling_text}]",
+        "0.85",
+    )
     if not 0 < Fraction(str(override)) <= ceiling:
         raise VllmTuningError(
             f"vllm_gpu_memory_utilization: {override!r} is outside (0, {ceiling_text}]; set it "
@@ -452,7 +534,8 @@ def model_spec(name: object, entry: object, source: str | None = None) -> ModelS
         raise VllmTuningError(f"{where}: missing field(s) {', '.join(missing)}")
 
     hf_repo = _entry_str(entry, "hf_repo", where, None)
-    assert hf_repo is not None  # required above
+    if hf_repo is None:  # required above; kept for the type checker without an assert
+        raise VllmTuningError(f"{where}: missing field(s) hf_repo")
     family = _entry_str(entry, "family", where, None)
     native = _entry_int(entry, "native_context", where)
     yarn = _entry_bool(entry, "yarn_supported", where)
@@ -522,7 +605,8 @@ def model_spec(name: object, entry: object, source: str | None = None) -> ModelS
     weights = None if weights_raw is None else parse_size(weights_raw, f"{where}.weights")
     path = _entry_str(entry, "path", where, hf_repo.rstrip("/").rsplit("/", 1)[-1])
     served = _entry_str(entry, "served_name", where, name)
-    assert path is not None and served is not None  # both have defaults
+    if path is None or served is None:  # both have defaults; kept for the type checker
+        raise VllmTuningError(f"{where}: path and served_name must be strings")
     if path.startswith("/") or ".." in path.split("/"):
         raise VllmTuningError(
             f"{where}.path: {path!r} must be relative to the container's model root "
@@ -598,12 +682,10 @@ def resolve_model(name: object, catalog: object, extra: object = None) -> ModelS
 # --------------------------------------------------------------------------- context
 
 
-def _check_target(target_len: object) -> int:
-    if isinstance(target_len, bool) or not isinstance(target_len, int):
-        raise VllmTypeError(
-            f"vllm_context_target: expected a whole number of tokens, "
-            f"got {_type_name(target_len)} ({target_len!r})"
-        )
+def _check_target(value: object) -> int:
+    target_len = parse_number(
+        value, "vllm_context_target", "a whole number of tokens", "65536", whole=True
+    )
     if target_len < MIN_CONTEXT_TOKENS:
         raise VllmTuningError(
             f"vllm_context_target: {target_len} tokens is below the minimum "
@@ -750,9 +832,11 @@ def _check_settings(settings: object) -> Mapping[str, object]:
 
 
 def _check_port(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise VllmTuningError(f"vllm_port: expected a TCP port 1-65535, got {value!r}")
-    return value
+    expected = "a TCP port 1-65535"
+    port = parse_number(value, "vllm_port", expected, "8000", whole=True)
+    if not 1 <= port <= 65535:
+        raise VllmTuningError(f"vllm_port: expected {expected}, got {port!r}")
+    return port
 
 
 def _check_nonempty(value: object, variable: str, example: str) -> str:
@@ -874,7 +958,8 @@ def vllm_plan(settings: object) -> dict[str, object]:
 def vllm_serve_args(settings: object) -> list[str]:
     """The full, ordered argument list after ``vllm serve`` (model path first)."""
     args = vllm_plan(settings)["args"]
-    assert isinstance(args, list)
+    if not isinstance(args, list):  # vllm_plan always builds a list
+        raise VllmTuningError(f"the plan's args are {type(args).__name__}, not a list")
     return [str(arg) for arg in args]
 
 

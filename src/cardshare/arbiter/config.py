@@ -4,6 +4,7 @@ the key, the bad value and the fix."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,13 @@ def parse_config(raw: Any) -> Config:
     for key in _POSITIVE_FLOAT:
         if key in raw:
             value = raw[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise _err(key, value, "set it to a number greater than 0")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)  # JSON's NaN and Infinity parse as floats
+                or value <= 0
+            ):
+                raise _err(key, value, "set it to a finite number greater than 0")
             kwargs[key] = float(value)
     for key in _POSITIVE_INT:
         if key in raw:

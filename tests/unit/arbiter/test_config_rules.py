@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from arbiter_fakes import make_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cardshare.arbiter.cardview import CardClient, CardDataError, CardView, parse_card_view
 from cardshare.arbiter.config import ConfigError, ContainerRef, load_config, parse_config
@@ -52,11 +55,20 @@ def test_config_defaults() -> None:
     [
         (
             {"idle_seconds": 0},
-            "config key 'idle_seconds' has value 0: set it to a number greater than 0",
+            "config key 'idle_seconds' has value 0: set it to a finite number greater than 0",
         ),
         (
             {"idle_seconds": True},
-            "config key 'idle_seconds' has value True: set it to a number greater than 0",
+            "config key 'idle_seconds' has value True: set it to a finite number greater than 0",
+        ),
+        (
+            {"idle_seconds": float("nan")},
+            "config key 'idle_seconds' has value nan: set it to a finite number greater than 0",
+        ),
+        (
+            {"job_timeout_seconds": float("inf")},
+            "config key 'job_timeout_seconds' has value inf: "
+            "set it to a finite number greater than 0",
         ),
         (
             {"listen_port": 70000},
@@ -138,8 +150,81 @@ vllm:request_success_total{engine="0",finished_reason="abort",model_name="qwen"}
 
 def test_parse_vllm_metrics() -> None:
     assert parse_vllm_metrics(METRICS) == VllmMetrics(running=0.0, waiting=2.0, success_total=14.0)
-    with pytest.raises(MetricsError, match=r"^vLLM /metrics lacks vllm:num_requests_waiting$"):
-        parse_vllm_metrics("vllm:num_requests_running 0\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # as vLLM's prometheus_client writes it: counters with _total and _created samples
+        (
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+            "# TYPE vllm:request_success_total counter\n"
+            'vllm:request_success_total{finished_reason="stop",model_name="m"} 4.0\n'
+            'vllm:request_success_created{finished_reason="stop",model_name="m"} 1.7e9\n'
+            'vllm:num_requests_running{model_name="m"} 1.0\n'
+            'vllm:num_requests_waiting{model_name="m"} 0.0\n',
+            VllmMetrics(running=1.0, waiting=0.0, success_total=4.0),
+        ),
+        # two engines: summed; no success counter yet: 0; a NaN sample is left out
+        (
+            'vllm:num_requests_running{engine="0"} 1\nvllm:num_requests_running{engine="1"} 2\n'
+            'vllm:num_requests_waiting{engine="0"} NaN\nvllm:num_requests_waiting{engine="1"} 3\n',
+            VllmMetrics(running=3.0, waiting=3.0, success_total=0.0),
+        ),
+        # comments other than HELP and TYPE (the lab's stand-in writes one), a timestamp
+        (
+            "# SIMULATION: a stand-in\nvllm:num_requests_running 0 1700000000000\n"
+            "vllm:num_requests_waiting 0\n",
+            VllmMetrics(running=0.0, waiting=0.0, success_total=0.0),
+        ),
+    ],
+)
+def test_parse_vllm_metrics_readings(text: str, expected: VllmMetrics) -> None:
+    assert parse_vllm_metrics(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("vllm:num_requests_running 0\n", "vLLM /metrics lacks vllm:num_requests_waiting"),
+        ("", "vLLM /metrics lacks vllm:num_requests_running, vllm:num_requests_waiting"),
+        (
+            "vllm:num_requests_waiting 0\n# EOF\n",
+            "vLLM /metrics lacks vllm:num_requests_running",
+        ),
+        # an answer that is not an exposition: JSON, an error page, a body cut off mid-line
+        (
+            '{"truncated": [1, 2',
+            'vLLM /metrics is not a Prometheus exposition (Invalid labels: "truncated": [1, )',
+        ),
+        (
+            "<html><body>502 Bad Gateway</body></html>\n",
+            "vLLM /metrics is not a Prometheus exposition "
+            "(invalid metric name:<html><body>502 Bad Gateway</body></html>)",
+        ),
+        (
+            METRICS + 'vllm:num_requests_waiting{engine="0",model_na',
+            "vLLM /metrics is not a Prometheus exposition",
+        ),
+        (
+            "vllm:num_requests_running zero\nvllm:num_requests_waiting 0\n",
+            "vLLM /metrics is not a Prometheus exposition",
+        ),
+    ],
+)
+def test_parse_vllm_metrics_errors(text: str, message: str) -> None:
+    with pytest.raises(MetricsError) as caught:
+        parse_vllm_metrics(text)
+    assert str(caught.value).startswith(message)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text() | st.integers(0, len(METRICS)).map(lambda n: METRICS[:n]))
+def test_parse_vllm_metrics_never_crashes(text: str) -> None:
+    """Any answer, a cut-off one included, is a reading or a MetricsError (which the engine
+    handles by holding the swap), never another exception."""
+    with contextlib.suppress(MetricsError):
+        parse_vllm_metrics(text)
 
 
 @pytest.mark.parametrize(

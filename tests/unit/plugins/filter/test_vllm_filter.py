@@ -112,6 +112,55 @@ def test_filters_return_the_pure_results(
     assert FILTERS[name](*args, **kwargs) == expected
 
 
+# The role's numbers as -e key=value gives them (strings): what the numbers give.
+STRING_NUMBERS = {
+    "vllm_gpu_memory_utilization_max": "0.95",
+    "vllm_context_target": "65536",
+    "vllm_port": "8000",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "expected"),
+    [
+        (
+            "vllm_gpu_memory_utilization",
+            ("32GiB", [], "0"),
+            {"ceiling": "0.9", "override": "0.5"},
+            gpu_memory_utilization("32GiB", [], "0", 0.9, 0.5),
+        ),
+        (
+            "vllm_gpu_memory_utilization",
+            ("32GiB", [{"name": "plex", "bytes": "2GiB", "count": "2"}], "0.8GiB"),
+            {},
+            0.85,
+        ),
+        ("vllm_context", (ENTRY, "65536"), {}, vllm_context(ENTRY, 65536)),
+        ("vllm_plan", ({**SETTINGS, **STRING_NUMBERS},), {}, vllm_plan(SETTINGS)),
+        (
+            "vllm_plan",
+            ({**SETTINGS, "vllm_gpu_memory_utilization": "0.8"},),
+            {},
+            vllm_plan({**SETTINGS, "vllm_gpu_memory_utilization": 0.8}),
+        ),
+        ("vllm_serve_args", ({**SETTINGS, **STRING_NUMBERS},), {}, vllm_serve_args(SETTINGS)),
+    ],
+)
+def test_filters_read_numeric_strings_as_numbers(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], expected: object
+) -> None:
+    assert FILTERS[name](*args, **kwargs) == expected
+
+
+def test_numeric_defaults_are_numbers() -> None:
+    # the strings above stand for these defaults
+    assert {key: DEFAULTS[key] for key in STRING_NUMBERS} == {
+        "vllm_gpu_memory_utilization_max": 0.95,
+        "vllm_context_target": 65536,
+        "vllm_port": 8000,
+    }
+
+
 @pytest.mark.parametrize(
     ("name", "args", "message"),
     [
@@ -161,6 +210,30 @@ def test_filters_return_the_pure_results(
             ({**SETTINGS, "vllm_gpu_memory_utilization": 1.2},),
             "vllm_gpu_memory_utilization: 1.2 is outside (0, 0.95]; set it to null to compute "
             "it from the card and its reservations, or to a share in range",
+        ),
+        (
+            "vllm_plan",
+            ({**SETTINGS, "vllm_gpu_memory_utilization": "lots"},),
+            "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
+            "got 'lots', which is not a decimal number; give a decimal number such as 0.85",
+        ),
+        (
+            "vllm_plan",
+            ({**SETTINGS, "vllm_context_target": "nan"},),
+            "vllm_context_target: expected a whole number of tokens, got 'nan', which is not a "
+            "decimal number; give a whole number such as 65536",
+        ),
+        (
+            "vllm_context",
+            (ENTRY, "0x10"),
+            "vllm_context_target: expected a whole number of tokens, got '0x10', which is not a "
+            "decimal number; give a whole number such as 65536",
+        ),
+        (
+            "vllm_gpu_memory_utilization",
+            ("32GiB", [], "0", "1e400"),
+            "vllm_gpu_memory_utilization_max: expected a number in (0, 1], got '1e400', which is "
+            "out of range; give a decimal number such as 0.95",
         ),
         (
             "vllm_serve_args",

@@ -20,6 +20,7 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._vllm_tuning imp
     gpu_memory_utilization,
     human_size,
     model_spec,
+    parse_number,
     parse_reservations,
     parse_size,
     required_host_memory,
@@ -141,6 +142,77 @@ def test_parse_size_refuses(value: object, error: type[Exception], message: str)
     with pytest.raises(error) as err:
         parse_size(value, "vllm_memory_limit")
     assert _message(err) == message
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+# -e key=value gives strings; the argument spec accepts them for int and float but leaves them
+# strings. Each spelling reads as the number written as a number.
+@pytest.mark.parametrize(
+    ("value", "whole", "expected"),
+    [
+        ("0.8", False, 0.8),
+        (" 0.8 ", False, 0.8),
+        ("+0.8", False, 0.8),
+        (".8", False, 0.8),
+        ("8e-1", False, 0.8),
+        ("1", False, 1),
+        ("1.", False, 1.0),
+        ("-2", False, -2),
+        (0.8, False, 0.8),
+        (1, False, 1),
+        ("65536", True, 65536),
+        ("65_536", True, 65536),
+        ("65536.0", True, 65536),
+        ("6.5536e4", True, 65536),
+        (65536.0, True, 65536),
+        (65536, True, 65536),
+        ("-1", True, -1),
+    ],
+)
+def test_parse_number_reads_numeric_strings_as_numbers(
+    value: object, whole: bool, expected: float
+) -> None:
+    number = parse_number(value, "vllm_context_target", "a number", "65536", whole=whole)
+    assert number == expected
+    assert type(number) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("value", "whole", "error", "got"),
+    [
+        ("lots", False, VllmTuningError, "'lots', which is not a decimal number"),
+        ("", False, VllmTuningError, "'', which is not a decimal number"),
+        ("0x10", False, VllmTuningError, "'0x10', which is not a decimal number"),
+        ("nan", False, VllmTuningError, "'nan', which is not a decimal number"),
+        ("inf", False, VllmTuningError, "'inf', which is not a decimal number"),
+        ("-Infinity", False, VllmTuningError, "'-Infinity', which is not a decimal number"),
+        ("1e400", False, VllmTuningError, "'1e400', which is out of range"),
+        ("-1e400", True, VllmTuningError, "'-1e400', which is out of range"),
+        ("0,8", False, VllmTuningError, "'0,8', which is not a decimal number"),
+        ("64k", True, VllmTuningError, "'64k', which is not a decimal number"),
+        ("65 536", True, VllmTuningError, "'65 536', which is not a decimal number"),
+        ("65__536", True, VllmTuningError, "'65__536', which is not a decimal number"),
+        # digits of other scripts, which Python's float() would read
+        ("\u0668", True, VllmTuningError, "'\u0668', which is not a decimal number"),
+        ("65536.5", True, VllmTuningError, "'65536.5', which is not a whole number"),
+        (65536.5, True, VllmTuningError, "65536.5, which is not a whole number"),
+        (float("nan"), False, VllmTuningError, "nan, which is not a finite number"),
+        (float("-inf"), True, VllmTuningError, "-inf, which is not a finite number"),
+        (10**400, True, VllmTuningError, f"{10**400!r}, which is out of range"),
+        (True, False, VllmTypeError, "a boolean (True)"),
+        (None, True, VllmTypeError, "null (None)"),
+        ([65536], True, VllmTypeError, "a list ([65536])"),
+    ],
+)
+def test_parse_number_refuses(value: object, whole: bool, error: type[Exception], got: str) -> None:
+    kind = "a whole number" if whole else "a decimal number"
+    with pytest.raises(error) as err:
+        parse_number(value, "vllm_context_target", "a number of tokens", "65536", whole=whole)
+    assert _message(err) == (
+        f"vllm_context_target: expected a number of tokens, got {got}; give {kind} such as 65536"
+    )
 
 
 @pytest.mark.parametrize(
@@ -321,20 +393,92 @@ def test_parse_reservations_refuses_wrong_types(value: object, message: str) -> 
     ("override", "message"),
     [
         (
-            "0.9",
+            "lots",
             "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
-            "got a string ('0.9')",
+            "got 'lots', which is not a decimal number; give a decimal number such as 0.85",
+        ),
+        (
+            "nan",
+            "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
+            "got 'nan', which is not a decimal number; give a decimal number such as 0.85",
         ),
         (
             True,
             "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
-            "got a boolean (True)",
+            "got a boolean (True); give a decimal number such as 0.85",
+        ),
+        (
+            "0.97",
+            "vllm_gpu_memory_utilization: 0.97 is outside (0, 0.95]; set it to null to compute "
+            "it from the card and its reservations, or to a share in range",
         ),
     ],
 )
 def test_override_type(override: object, message: str) -> None:
-    with pytest.raises(VllmTypeError) as err:
+    with pytest.raises(VllmTuningError) as err:
         gpu_memory_utilization("32GiB", PLEX, "0.8GiB", override=override)
+    assert _message(err) == message
+
+
+# Each numeric argument as -e gives it (a string): the share the number gives.
+@pytest.mark.parametrize(
+    ("reservations", "kwargs", "expected"),
+    [
+        (PLEX, {"override": "0.8"}, 0.8),
+        (PLEX, {"override": " 0.80 "}, 0.8),
+        ([], {"ceiling": "1", "override": "1"}, 1.0),
+        ([], {"ceiling": "0.99"}, 0.99),
+        # (32 - 3 x 2 - 0.32) / 32 = 0.8025
+        ([{**PLEX[0], "count": "3"}], {}, 0.8),
+    ],
+)
+def test_gpu_memory_utilization_reads_numeric_strings(
+    reservations: object, kwargs: dict[str, Any], expected: float
+) -> None:
+    share = gpu_memory_utilization("32GiB", reservations, "0.32GiB", **kwargs)
+    assert share == expected
+    assert type(share) is float
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reservations", "message"),
+    [
+        (
+            {"ceiling": "0x1"},
+            PLEX,
+            "vllm_gpu_memory_utilization_max: expected a number in (0, 1], got '0x1', which is "
+            "not a decimal number; give a decimal number such as 0.95",
+        ),
+        (
+            {"ceiling": "1e400"},
+            PLEX,
+            "vllm_gpu_memory_utilization_max: expected a number in (0, 1], got '1e400', which is "
+            "out of range; give a decimal number such as 0.95",
+        ),
+        (
+            {"ceiling": float("nan")},
+            PLEX,
+            "vllm_gpu_memory_utilization_max: expected a number in (0, 1], got nan, which is not "
+            "a finite number; give a decimal number such as 0.95",
+        ),
+        (
+            {},
+            [{**PLEX[0], "count": "two"}],
+            "vllm_reservations[0].count: expected a whole number of uses (0 or more), got "
+            "'two', which is not a decimal number; give a whole number such as 2",
+        ),
+        (
+            {},
+            [{**PLEX[0], "count": "-1"}],
+            "vllm_reservations[0].count: expected a whole number of uses (0 or more), got -1",
+        ),
+    ],
+)
+def test_gpu_memory_utilization_refuses_non_numbers(
+    kwargs: dict[str, Any], reservations: object, message: str
+) -> None:
+    with pytest.raises(VllmTuningError) as err:
+        gpu_memory_utilization("32GiB", reservations, "0.8GiB", **kwargs)
     assert _message(err) == message
 
 
@@ -371,6 +515,13 @@ def test_vllm_context(model: object, target: int, max_len: int, factor: float | 
         assert isinstance(result["hf_overrides"], str)
         assert json.loads(result["hf_overrides"]) == {"rope_scaling": rope}
         assert 32768 * factor >= target
+
+
+@pytest.mark.parametrize("target", ["65536", " 65536 ", "65536.0", "6.5536e4", 65536.0, "16384"])
+def test_vllm_context_reads_numeric_strings(target: object) -> None:
+    result = vllm_context(QWEN25_7B, target)
+    assert result == vllm_context(QWEN25_7B, int(float(str(target))))
+    assert type(result["max_model_len"]) is int
 
 
 def test_hf_overrides_is_the_documented_json() -> None:
@@ -414,7 +565,38 @@ def test_hf_overrides_is_the_documented_json() -> None:
         (
             QWEN25_7B,
             "64k",
-            "vllm_context_target: expected a whole number of tokens, got a string ('64k')",
+            "vllm_context_target: expected a whole number of tokens, got '64k', which is not a "
+            "decimal number; give a whole number such as 65536",
+        ),
+        (
+            QWEN25_7B,
+            "",
+            "vllm_context_target: expected a whole number of tokens, got '', which is not a "
+            "decimal number; give a whole number such as 65536",
+        ),
+        (
+            QWEN25_7B,
+            "1e400",
+            "vllm_context_target: expected a whole number of tokens, got '1e400', which is out "
+            "of range; give a whole number such as 65536",
+        ),
+        (
+            QWEN25_7B,
+            "65536.5",
+            "vllm_context_target: expected a whole number of tokens, got '65536.5', which is not "
+            "a whole number; give a whole number such as 65536",
+        ),
+        (
+            QWEN25_7B,
+            None,
+            "vllm_context_target: expected a whole number of tokens, got null (None); give a "
+            "whole number such as 65536",
+        ),
+        (
+            QWEN25_7B,
+            "100",
+            "vllm_context_target: 100 tokens is below the minimum 256; agents send about 16k "
+            "tokens of prompt and tool schemas, so 32768 or more is sensible",
         ),
     ],
 )
@@ -818,6 +1000,30 @@ def test_vllm_serve_args(changes: dict[str, object], expected: list[str]) -> Non
     assert vllm_serve_args(settings(**changes)) == expected
 
 
+# Every number of the settings as -e gives it (strings): the same plan as the numbers.
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"vllm_gpu_memory_utilization": 0.8},
+        {"vllm_model": "Qwen3-32B-AWQ", "vllm_context_target": 32768},
+    ],
+)
+def test_vllm_plan_reads_numeric_strings(changes: dict[str, object]) -> None:
+    numbers = settings(**changes)
+    numbers["vllm_reservations"] = [{**PLEX[0], "count": 2}]
+    strings = {
+        **numbers,
+        "vllm_gpu_memory_utilization_max": str(numbers["vllm_gpu_memory_utilization_max"]),
+        "vllm_context_target": str(numbers["vllm_context_target"]),
+        "vllm_port": str(numbers["vllm_port"]),
+        "vllm_reservations": [{**PLEX[0], "count": "2"}],
+    }
+    if numbers["vllm_gpu_memory_utilization"] is not None:
+        strings["vllm_gpu_memory_utilization"] = str(numbers["vllm_gpu_memory_utilization"])
+    assert vllm_plan(strings) == vllm_plan(numbers)
+
+
 def test_vllm_plan_carries_the_computed_values() -> None:
     plan = vllm_plan(settings())
     assert plan["args"] == SEED_ARGS
@@ -879,7 +1085,32 @@ def test_vllm_plan_carries_the_computed_values() -> None:
             "vllm_extra_args: expected a list of strings (one argument each), got a string",
         ),
         ({"vllm_port": 70000}, "vllm_port: expected a TCP port 1-65535, got 70000"),
-        ({"vllm_port": "8000"}, "vllm_port: expected a TCP port 1-65535, got '8000'"),
+        ({"vllm_port": "70000"}, "vllm_port: expected a TCP port 1-65535, got 70000"),
+        (
+            {"vllm_port": "0x1F40"},
+            "vllm_port: expected a TCP port 1-65535, got '0x1F40', which is not a decimal "
+            "number; give a whole number such as 8000",
+        ),
+        (
+            {"vllm_gpu_memory_utilization": "lots"},
+            "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
+            "got 'lots', which is not a decimal number; give a decimal number such as 0.85",
+        ),
+        (
+            {"vllm_gpu_memory_utilization": "nan"},
+            "vllm_gpu_memory_utilization: expected null (computed) or a number in (0, 0.95], "
+            "got 'nan', which is not a decimal number; give a decimal number such as 0.85",
+        ),
+        (
+            {"vllm_context_target": "1e400"},
+            "vllm_context_target: expected a whole number of tokens, got '1e400', which is out "
+            "of range; give a whole number such as 65536",
+        ),
+        (
+            {"vllm_gpu_memory_utilization_max": ""},
+            "vllm_gpu_memory_utilization_max: expected a number in (0, 1], got '', which is not "
+            "a decimal number; give a decimal number such as 0.95",
+        ),
         (
             {"vllm_dtype": "fp16"},
             "vllm_dtype: 'fp16' is not one of auto, bfloat16, float, float16, float32, half "
