@@ -15,4 +15,5 @@ fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+mapfile -t packages < <(printf '%s\n' "${missing[@]}" | sort -u)
+apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null

@@ -4,7 +4,7 @@
 # builds the lab images it lacks (cached by recipe hash), then runs lint, unit tests and
 # every molecule scenario. Exits non-zero when anything fails.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 started_engine=0
 cleanup() {
   if [ "$started_engine" = 1 ]; then lab/scripts/engine.sh stop; fi
@@ -67,8 +67,9 @@ else
               for s in $all; do echo " $order " | grep -q " $s " || echo "$s"; done)
 fi
 logs=.cache/molecule-logs; rm -rf "$logs"; mkdir -p "$logs"
-echo "molecule: $(echo $scenarios | wc -w) scenarios, $jobs at a time; logs in $logs/"
-printf '%s\n' $scenarios | xargs -P "$jobs" -I{} bash -c '
+echo "molecule: $(wc -w <<<"$scenarios") scenarios, $jobs at a time; logs in $logs/"
+# shellcheck disable=SC2016  # $1 and $(...) in the quoted script are expanded by the inner bash
+for s in $scenarios; do echo "$s"; done | xargs -P "$jobs" -I{} bash -c '
   start=$(date +%s)
   if molecule test -s "$1" >"'"$logs"'/$1.log" 2>&1; then r=PASS; else r=FAIL; fi
   echo "$r $1 $(( $(date +%s) - start ))s" | tee -a "'"$logs"'/summary"

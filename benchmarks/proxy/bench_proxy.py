@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: the patient proxy against a direct connection to a vLLM-like upstream.
 
 One run measures, side by side, clients talking straight to the upstream and through

@@ -878,8 +878,12 @@ def _read_device(
         if minor is not None:
             texts.extend(fd_scan.by_minor.get(minor, []))
     fdinfo = fdinfo_report(texts, "clients", fd_scan.denied)
-    if fdinfo.status in ("no-clients", "unreadable") and self_probe and render_exists:
-        assert render_host_path is not None
+    if (
+        fdinfo.status in ("no-clients", "unreadable")
+        and self_probe
+        and render_exists
+        and render_host_path is not None
+    ):
         text, error = probe_self_fdinfo(_under(root, render_host_path))
         if text is not None:
             fdinfo = fdinfo_report([text], "self", fd_scan.denied)

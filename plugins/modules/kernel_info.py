@@ -11,7 +11,7 @@ short_description: Report the running kernel, installed kernels, reboot need and
 description:
   - Reads the running kernel and boot id under a root prefix, queries rpm for installed kernel
     packages, orders them in rpm version order and tells whether the running kernel is the newest
-    installed one (O(reboot_needed) compares versions; it does not rely on C(needs-restarting),
+    installed one (RV(reboot_needed) compares versions; it does not rely on C(needs-restarting),
     which also asks for a reboot after glibc or firmware updates).
   - Reads the Secure Boot state from efivarfs and lists installed kernels whose vendor is not
     trusted. Under Secure Boot, an untrusted newest kernel is reported in RV(problems), as the
@@ -19,7 +19,7 @@ description:
   - Changes nothing on the host.
 version_added: 0.1.0
 author:
-  - cardshare.gpuhost contributors
+  - cardshare.gpuhost contributors (@cardshare)
 options:
   host_root:
     description:

@@ -14,12 +14,12 @@ description:
     status from debugfs, and whether DRM fdinfo can be read.
   - Reads the C(modules.alias) of the running kernel and of every installed kernel to tell whether
     the xe driver of that kernel lists the device's id (and which other modules, e.g. i915, do).
-  - Computes a list of O(problems), each with a code, a message and a fix, for the role
+  - Computes a list of RV(problems), each with a code, a message and a fix, for the role
     C(xe_driver) to assert on. The module itself never fails because of a problem it found.
   - Changes nothing on the host.
 version_added: 0.1.0
 author:
-  - cardshare.gpuhost contributors
+  - cardshare.gpuhost contributors (@cardshare)
 options:
   host_root:
     description:
