@@ -28,6 +28,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "cardshare"
 MODULES = (
     "__init__.py",
     "__main__.py",
+    "atomicfile.py",
     "cli.py",
     "docker_api.py",
     "fdinfo.py",

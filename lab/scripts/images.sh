@@ -9,7 +9,7 @@
 #                          remove the untagged images the lab's builds leave (the build stage
 #                          of rhel10-sim, the last step of a failed build); not while building
 #
-# Images: base (debootstrap), pybase (base + aiohttp, for the project's services),
+# Images: base (debootstrap), pybase (base + a virtualenv with the services' pins),
 # vllm-standin, comfyui-standin, plex-standin (SIMULATION: stand-ins for vendor images),
 # rhel10-sim (SIMULATION: the lab host).
 set -euo pipefail

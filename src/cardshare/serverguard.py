@@ -21,10 +21,9 @@ handler waiting on the body) for as long as it likes. :func:`guarded_runner` ret
 ``keepalive_timeout``
     A kept-alive connection idle this long after its last response is closed, also when
     the next request head is only partly there. This is aiohttp's own ``keepalive_timeout``
-    (passed to the runner), which after a response behaves alike on aiohttp 3.8 and later;
-    its default (75 s in aiohttp 3.8, 3630 s in 3.14) is replaced by ours.
+    (passed to the runner); its default (3630 s in aiohttp 3.14) is replaced by ours.
 
-Why this shape (aiohttp 3.14.5 is pinned; the lab's Debian bookworm base has 3.8.4):
+Why this shape (aiohttp 3.14 is pinned, in the lab too):
 
 - aiohttp gives no hook at connection start: ``AppRunner`` always builds its own ``Server``,
   and ``Server.__call__`` builds a plain ``RequestHandler`` from private attributes, so a
@@ -33,10 +32,8 @@ Why this shape (aiohttp 3.14.5 is pinned; the lab's Debian bookworm base has 3.8
   public API: ``runner.server.connections`` and ``RequestHandler.force_close()`` (what
   aiohttp's own keep-alive timer calls), plus a middleware that marks a connection as having
   delivered a head.
-- ``keepalive_timeout`` alone is not a header timeout: aiohttp 3.8 arms it only after a
-  first response (a connection that never completes its first head is never closed; 3.14
-  also arms it when the connection opens), and it is one number for both the idle bound
-  and the head bound.
+- ``keepalive_timeout`` alone is not a header timeout: it is one number for both the idle
+  bound and the head bound (and older aiohttp armed it only after a first response).
 - A middleware cannot bound the head (it runs once the head is parsed), and it cannot wrap
   the handler's body reads in ``asyncio.wait_for`` (handlers call ``request.json()``,
   ``request.multipart()``, ``request.content.readany()``). So the body deadline is a timer
@@ -133,12 +130,6 @@ def sweep_heads(
 # ------------------------------------------------------------------ the body clock
 
 
-def _request_key(name: str) -> Any:
-    """A typed RequestKey where aiohttp has them (3.14 warns about plain names), else the name."""
-    factory = getattr(web, "RequestKey", None)
-    return factory(name, _BodyClock) if factory is not None else name
-
-
 class _BodyClock:
     """The deadline of one request's body; pausable while the handler leaves it unread."""
 
@@ -185,7 +176,7 @@ class _BodyClock:
         self._stream.set_exception(BodyTimeoutError(self._timeout))
 
 
-_CLOCK_KEY: Any = _request_key("cardshare_serverguard_body_clock")
+_CLOCK_KEY = web.RequestKey("cardshare_serverguard_body_clock", _BodyClock)
 
 
 @contextlib.contextmanager

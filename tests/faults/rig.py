@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from faultkit import FaultFile, Settings, set_parent_death_signal
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -498,6 +499,23 @@ class Rig:
         assert status == 200
         return body.decode() if isinstance(body, bytes) else str(body)
 
+    def metric_samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """/metrics read with prometheus_client's parser: value by (sample name, labels).
+        An exposition the parser refuses fails the test (``ValueError``)."""
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(self.metrics())
+            for s in family.samples
+        }
+
+    def alerts_up(self) -> set[str]:
+        """The alerts /metrics says are raised now (``cardshare_arbiter_alert`` 1)."""
+        return {
+            dict(labels)["name"]
+            for (name, labels), value in self.metric_samples().items()
+            if name == "cardshare_arbiter_alert" and value == 1
+        }
+
     def job(self, job_id: str) -> dict[str, Any] | None:
         status, doc = self.api.request("GET", f"/v1/jobs/{job_id}", auth=True)
         if status == 404:
@@ -676,6 +694,5 @@ class Rig:
         engine.faults, or 1 in /metrics now."""
         names = self.monitor.alerts(since)
         with contextlib.suppress(OSError, AssertionError):
-            for m in re.finditer(r'cardshare_arbiter_alert\{name="([^"]+)"\} 1', self.metrics()):
-                names.add(m.group(1))
+            names |= self.alerts_up()
         return names

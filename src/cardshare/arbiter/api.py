@@ -13,7 +13,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.metrics_core import Metric
 
+from cardshare import exposition
 from cardshare.arbiter.engine import (
     ALERT_NAMES,
     Alert,
@@ -23,19 +25,12 @@ from cardshare.arbiter.engine import (
     is_storage_error,
     storable_text,
 )
-from cardshare.arbiter.metrics import render_metrics
+from cardshare.arbiter.metrics import families
 from cardshare.arbiter.resume import save_nodes
 from cardshare.arbiter.store import Job, JobState, SwapRecord, job_dir
 
-
-def _app_key(name: str, kind: type) -> Any:
-    """A typed AppKey on aiohttp 3.9 and newer, the plain name on 3.8."""
-    factory = getattr(web, "AppKey", None)
-    return factory(name, kind) if factory is not None else name
-
-
-ENGINE_KEY: Any = _app_key("cardshare_engine", Engine)
-TOKEN_KEY: Any = _app_key("cardshare_token", str)
+ENGINE_KEY = web.AppKey("cardshare_engine", Engine)
+TOKEN_KEY = web.AppKey("cardshare_token", str)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -350,10 +345,10 @@ async def get_mode(request: web.Request) -> web.Response:
     return web.json_response({"mode": engine.mode.value, "since": engine.state.mode_since})
 
 
-async def get_metrics(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
+def metric_families(engine: Engine) -> list[Metric]:
+    """What ``/metrics`` reports, read from the engine and its store at scrape time."""
     swaps = engine.store.swaps(1)
-    text = render_metrics(
+    return families(
         engine.mode,
         engine.store.queue_length(),
         engine.store.job_counts(),
@@ -365,7 +360,6 @@ async def get_metrics(request: web.Request) -> web.Response:
         heartbeat_age=engine.heartbeat_age(),
         alive=engine.alive,
     )
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 def build_app(engine: Engine, token: str) -> web.Application:
@@ -381,5 +375,6 @@ def build_app(engine: Engine, token: str) -> web.Application:
     app.router.add_post("/v1/hold", post_hold)
     app.router.add_delete("/v1/hold", delete_hold)
     app.router.add_get("/v1/mode", get_mode)
-    app.router.add_get("/metrics", get_metrics)
+    registry = exposition.registry_of(lambda: metric_families(engine))
+    app.router.add_get("/metrics", exposition.handler(registry))
     return app

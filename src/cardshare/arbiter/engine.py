@@ -60,7 +60,8 @@ from cardshare.arbiter.rules import (
     update_activity,
 )
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, next_phase
-from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir, write_atomic
+from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
+from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import DockerError
 from cardshare.errors import (
     VRAM_MAX_ATTEMPTS,
@@ -339,7 +340,7 @@ class Engine:
             return problem
         probe = self.config.data_dir / ".storage-probe"
         try:
-            write_atomic(probe, b"ok\n")
+            write_atomic(probe, b"ok\n", make_parents=True)
             probe.unlink()
         except OSError as exc:
             return f"cannot write to {self.config.data_dir}: {exc.strerror or exc}"
@@ -1028,7 +1029,7 @@ class Engine:
     def _store_outputs(self, job: Job, images: list[bytes], source: str) -> None:
         outdir = job_dir(self.config.data_dir, job.id) / "outputs"
         for n, data in enumerate(images):
-            write_atomic(outdir / f"{n}.png", data)
+            write_atomic(outdir / f"{n}.png", data, make_parents=True)
         self._clear(Alert.IMAGE_CRASHED)
         self._finish(job, JobState.DONE, "", outputs=len(images))
         log.info("job %s: %d output(s) %s", job.id, len(images), source)
@@ -1083,7 +1084,7 @@ class Engine:
         jdir = job_dir(self.config.data_dir, job_id)
         try:
             for name, data in inputs.items():
-                write_atomic(jdir / "inputs" / name, data)
+                write_atomic(jdir / "inputs" / name, data, make_parents=True)
             job = self.store.add_job(job_id, workflow, tuple(sorted(inputs)), self.clock.now())
         except BaseException:
             shutil.rmtree(jdir, ignore_errors=True)

@@ -8,9 +8,10 @@ carries its reasons, which the status endpoint shows.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from cardshare.arbiter.cardview import CardView
 from cardshare.arbiter.config import Config
@@ -27,31 +28,24 @@ class VllmMetrics:
     success_total: float
 
 
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
-)
-
-
 def parse_vllm_metrics(text: str) -> VllmMetrics:
     """Sum vLLM's request gauges and its success counter over all label sets.
 
+    ``text`` is read with ``prometheus_client``'s exposition parser: an answer that is not a
+    Prometheus text exposition (an error page, a body cut off mid-line) is a
+    :class:`MetricsError`, like one that lacks the request gauges. NaN samples are left out.
     ``vllm:request_success_total`` is summed over ``finished_reason`` (and model names); a
     vLLM that has finished no request yet may not print it: that counts as 0.
     """
     sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        sums[match["name"]] = sums.get(match["name"], 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not math.isnan(sample.value):
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    except ValueError as exc:  # the parser's one error for text it cannot read
+        detail = f" ({exc})" if str(exc) else ""
+        raise MetricsError(f"vLLM /metrics is not a Prometheus exposition{detail}") from None
     missing = [
         name
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, swap_direction
+from cardshare.atomicfile import write_atomic
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS machine (
@@ -184,7 +184,7 @@ class Store:
                 "start with an empty queue"
             ) from exc
         if not marker.exists():
-            write_atomic(marker, f"{path.name}\n".encode())
+            write_atomic(marker, f"{path.name}\n".encode(), make_parents=True)
 
     def _open(self, path: Path) -> None:
         result = self.conn.execute("PRAGMA quick_check").fetchone()
@@ -477,22 +477,6 @@ class Store:
 
 def job_dir(data_dir: Path, job_id: str) -> Path:
     return data_dir / "jobs" / job_id
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, flush to disk, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a full or read-only disk leaves no temporary file behind
-        raise
 
 
 def _check_expected(path: Path, marker: Path) -> None:

@@ -9,6 +9,7 @@ requests (and their buffered body bytes) to the arbiter; ``/metrics`` speaks Pro
 
 Modules: ``config`` (settings, JSON file and CLI flags), ``rules`` (pure decisions: admission,
 retry backoff, header filtering, error bodies), ``mode`` (the arbiter's mode and its source),
-``holdqueue`` (the FIFO of held requests), ``metrics`` (counters and text exposition),
-``server`` (the aiohttp edge). Run with ``python -m cardshare.proxy --config FILE``.
+``holdqueue`` (the FIFO of held requests), ``metrics`` (counters and their
+``prometheus_client`` metric families), ``server`` (the aiohttp edge). Run with
+``python -m cardshare.proxy --config FILE``.
 """

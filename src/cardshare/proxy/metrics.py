@@ -1,10 +1,23 @@
-"""Counters of the proxy and their Prometheus text exposition (format 0.0.4)."""
+"""Counters of the proxy and its Prometheus metrics, as ``prometheus_client`` metric families.
+
+:class:`Counters` is what the proxy counts itself; :class:`Gauges` is read from its live
+state at each scrape; :func:`families` (pure) turns both into metric families, which the
+proxy serves from a registry of its own.
+"""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from cardshare import exposition
 from cardshare.proxy.rules import MODES
 
 #: Every way a proxied request can end.
@@ -38,14 +51,14 @@ class Histogram:
         self.total += value
         self.count += 1
 
-    def cumulative(self) -> list[tuple[str, int]]:
+    def cumulative(self) -> list[tuple[str, float]]:
         """``(le, cumulative count)`` pairs, ending with ``+Inf``."""
-        out: list[tuple[str, int]] = []
+        out: list[tuple[str, float]] = []
         running = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             running += n
-            out.append((f"{bound:g}", running))
-        out.append(("+Inf", self.count))
+            out.append((exposition.bound_label(bound), running))
+        out.append((exposition.bound_label(float("inf")), self.count))
         return out
 
 
@@ -82,58 +95,75 @@ class Gauges:
     body_timeouts: int = 0
 
 
-def render(counters: Counters, gauges: Gauges) -> str:
-    """The Prometheus text exposition of the proxy's metrics."""
+#: Where the believed mode can come from (``cardshare_proxy_mode_source``).
+MODE_SOURCES = ("arbiter", "last-known", "default")
+
+
+def families(counters: Counters, gauges: Gauges) -> list[Metric]:
+    """The metric families of the proxy's ``/metrics``."""
     p = "cardshare_proxy_"
-    lines = [
-        f"# HELP {p}requests_total Proxied requests by how they ended.",
-        f"# TYPE {p}requests_total counter",
+    requests = CounterMetricFamily(
+        f"{p}requests_total", "Proxied requests by how they ended.", labels=["outcome"]
+    )
+    for outcome, n in counters.outcomes.items():
+        requests.add_metric([outcome], n)
+    hold = HistogramMetricFamily(f"{p}hold_seconds", "Time requests spent held.")
+    hold.add_metric([], counters.hold_seconds.cumulative(), counters.hold_seconds.total)
+    mode = GaugeMetricFamily(
+        f"{p}mode", "The arbiter's mode as the proxy believes it.", labels=["mode"]
+    )
+    for m in MODES:
+        mode.add_metric([m], int(m == gauges.mode))
+    source = GaugeMetricFamily(
+        f"{p}mode_source", "Where the believed mode comes from.", labels=["source"]
+    )
+    for s in MODE_SOURCES:
+        source.add_metric([s], int(s == gauges.mode_source))
+    read_timeouts = CounterMetricFamily(
+        f"{p}client_read_timeouts_total",
+        "Slow clients cut off, by what was late.",
+        labels=["phase"],
+    )
+    read_timeouts.add_metric(["header"], gauges.header_timeouts)
+    read_timeouts.add_metric(["body"], gauges.body_timeouts)
+    return [
+        requests,
+        GaugeMetricFamily(
+            f"{p}held", "Requests held while the card is not in llm mode.", value=gauges.held
+        ),
+        GaugeMetricFamily(
+            f"{p}held_body_bytes",
+            "Request body bytes buffered for held requests.",
+            value=gauges.held_body_bytes,
+        ),
+        GaugeMetricFamily(
+            f"{p}in_flight",
+            "Requests forwarded to the upstream and not finished.",
+            value=gauges.in_flight,
+        ),
+        GaugeMetricFamily(
+            f"{p}oldest_held_seconds",
+            "Age of the oldest held request (0 when none).",
+            value=gauges.oldest_held_seconds or 0.0,
+        ),
+        hold,
+        mode,
+        source,
+        CounterMetricFamily(
+            f"{p}connect_retries_total",
+            "Upstream connections retried after a refusal.",
+            value=counters.connect_retries,
+        ),
+        CounterMetricFamily(
+            f"{p}arbiter_poll_failures_total",
+            "Mode polls that did not reach the arbiter.",
+            value=counters.arbiter_poll_failures,
+        ),
+        read_timeouts,
     ]
-    lines += [f'{p}requests_total{{outcome="{o}"}} {n}' for o, n in counters.outcomes.items()]
-    lines += [
-        f"# HELP {p}held Requests held while the card is not in llm mode.",
-        f"# TYPE {p}held gauge",
-        f"{p}held {gauges.held}",
-        f"# HELP {p}held_body_bytes Request body bytes buffered for held requests.",
-        f"# TYPE {p}held_body_bytes gauge",
-        f"{p}held_body_bytes {gauges.held_body_bytes}",
-        f"# HELP {p}in_flight Requests forwarded to the upstream and not finished.",
-        f"# TYPE {p}in_flight gauge",
-        f"{p}in_flight {gauges.in_flight}",
-        f"# HELP {p}oldest_held_seconds Age of the oldest held request (0 when none).",
-        f"# TYPE {p}oldest_held_seconds gauge",
-        f"{p}oldest_held_seconds {gauges.oldest_held_seconds or 0.0:.3f}",
-        f"# HELP {p}hold_seconds Time requests spent held.",
-        f"# TYPE {p}hold_seconds histogram",
-    ]
-    lines += [
-        f'{p}hold_seconds_bucket{{le="{le}"}} {n}' for le, n in counters.hold_seconds.cumulative()
-    ]
-    lines += [
-        f"{p}hold_seconds_sum {counters.hold_seconds.total:.6f}",
-        f"{p}hold_seconds_count {counters.hold_seconds.count}",
-        f"# HELP {p}mode The arbiter's mode as the proxy believes it.",
-        f"# TYPE {p}mode gauge",
-    ]
-    lines += [f'{p}mode{{mode="{m}"}} {int(m == gauges.mode)}' for m in MODES]
-    lines += [
-        f"# HELP {p}mode_source Where the believed mode comes from.",
-        f"# TYPE {p}mode_source gauge",
-    ]
-    lines += [
-        f'{p}mode_source{{source="{s}"}} {int(s == gauges.mode_source)}'
-        for s in ("arbiter", "last-known", "default")
-    ]
-    lines += [
-        f"# HELP {p}connect_retries_total Upstream connections retried after a refusal.",
-        f"# TYPE {p}connect_retries_total counter",
-        f"{p}connect_retries_total {counters.connect_retries}",
-        f"# HELP {p}arbiter_poll_failures_total Mode polls that did not reach the arbiter.",
-        f"# TYPE {p}arbiter_poll_failures_total counter",
-        f"{p}arbiter_poll_failures_total {counters.arbiter_poll_failures}",
-        f"# HELP {p}client_read_timeouts_total Slow clients cut off, by what was late.",
-        f"# TYPE {p}client_read_timeouts_total counter",
-        f'{p}client_read_timeouts_total{{phase="header"}} {gauges.header_timeouts}',
-        f'{p}client_read_timeouts_total{{phase="body"}} {gauges.body_timeouts}',
-    ]
-    return "\n".join(lines) + "\n"
+
+
+def render(counters: Counters, gauges: Gauges) -> str:
+    """The Prometheus text exposition of :func:`families` (what a scrape without
+    ``Accept: application/openmetrics-text`` gets)."""
+    return exposition.text(families(counters, gauges))

@@ -1,7 +1,7 @@
 """The aiohttp edge of the patient proxy: handlers, forwarding, the mode poller.
 
 Decisions come from :mod:`cardshare.proxy.rules`; this module only waits, reads and writes.
-Written against the aiohttp API of 3.8 (Debian bookworm) and later.
+Written against the pinned aiohttp (3.14; pyproject's ``services`` extra).
 
 A proxied request is admitted (forward, hold or refuse) as soon as its head is in, before
 its body is read: a held request's body stays unread until the request is released, so
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,13 +22,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client.metrics_core import Metric
 from yarl import URL
 
-from cardshare import serverguard
+from cardshare import exposition, serverguard
 from cardshare.proxy import rules
 from cardshare.proxy.config import ProxyConfig
 from cardshare.proxy.holdqueue import HoldQueue
-from cardshare.proxy.metrics import Counters, Gauges, render
+from cardshare.proxy.metrics import Counters, Gauges, families
 from cardshare.proxy.mode import (
     ModePayloadError,
     ModeView,
@@ -80,14 +80,8 @@ def _client_gone(request: web.BaseRequest) -> bool:
 
 def runner_kwargs() -> dict[str, Any]:
     """AppRunner options: no access log; a small read buffer (it bounds what a held request
-    buffers); cancel handlers of vanished clients (aiohttp >= 3.9).
-
-    aiohttp 3.8 always cancels them and does not know the option.
-    """
-    kwargs: dict[str, Any] = {"access_log": None, "read_bufsize": READ_BUFSIZE}
-    if "handler_cancellation" in inspect.signature(web.Server.__init__).parameters:
-        kwargs["handler_cancellation"] = True
-    return kwargs
+    buffers); cancel handlers of vanished clients."""
+    return {"access_log": None, "read_bufsize": READ_BUFSIZE, "handler_cancellation": True}
 
 
 class Proxy:
@@ -122,6 +116,8 @@ class Proxy:
         self._mode_url = config.arbiter_url.rstrip("/") + "/v1/mode"
         self._status_url = config.arbiter_url.rstrip("/") + "/v1/status"
         self._use_status = False
+        #: The proxy's own registry: one collector reading :meth:`metric_families` per scrape.
+        self.registry = exposition.registry_of(self.metric_families)
 
     # ----------------------------------------------------------------- mode
 
@@ -206,7 +202,7 @@ class Proxy:
         app.on_shutdown.append(self._on_shutdown)
         app.router.add_get("/proxy/health", self.handle_health)
         app.router.add_get("/proxy/state", self.handle_state)
-        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/metrics", exposition.handler(self.registry))
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
@@ -248,7 +244,8 @@ class Proxy:
     async def handle_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.state())
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
+    def metric_families(self) -> list[Metric]:
+        """What ``/metrics`` reports: the counters and the live state at scrape time."""
         gauges = Gauges(
             held=len(self.queue),
             in_flight=self.in_flight,
@@ -259,9 +256,7 @@ class Proxy:
             header_timeouts=self.guard_stats.header_timeouts,
             body_timeouts=self.guard_stats.body_timeouts,
         )
-        return web.Response(
-            text=render(self.counters, gauges), content_type="text/plain", charset="utf-8"
-        )
+        return families(self.counters, gauges)
 
     # ----------------------------------------------------------------- proxied paths
 

@@ -16,14 +16,16 @@ import io
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cardshare import atomicfile
+from cardshare.atomicfile import DEFAULT_OPS, FileOps
+
 __all__ = [
+    "DEFAULT_OPS",
     "FileOps",
     "OutputError",
     "append_line",
@@ -49,22 +51,6 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
-def _mkstemp(directory: str, prefix: str) -> tuple[int, str]:
-    return tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
-
-
-@dataclass(frozen=True, slots=True)
-class FileOps:
-    """The system calls the writers use; tests replace some to simulate a full disk."""
-
-    write: Callable[[int, bytes], int] = os.write
-    mkstemp: Callable[[str, str], tuple[int, str]] = field(default=_mkstemp)
-    replace: Callable[[str, str], None] = os.replace
-
-
-DEFAULT_OPS = FileOps()
-
-
 def ensure_dir(path: Path) -> None:
     """Create a directory (and parents) or raise ``OutputError`` naming it."""
     try:
@@ -73,48 +59,13 @@ def ensure_dir(path: Path) -> None:
         raise OutputError(f"cannot create directory {path}: {_reason(exc)}") from None
 
 
-def _write_all(fd: int, data: bytes, ops: FileOps) -> None:
-    view = memoryview(data)
-    while view:
-        n = ops.write(fd, view.tobytes())
-        if n <= 0:
-            raise OSError(0, "short write")
-        view = view[n:]
-
-
 def atomic_write(path: Path, data: bytes, ops: FileOps = DEFAULT_OPS, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename."""
-    directory = str(path.parent)
+    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename
+    (:func:`cardshare.atomicfile.write_atomic`)."""
     try:
-        fd, tmp = ops.mkstemp(directory, f".{path.name}.")
+        atomicfile.write_atomic(path, data, ops, mode)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {_reason(exc)}") from None
-    try:
-        try:
-            os.fchmod(fd, mode)
-            _write_all(fd, data, ops)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        ops.replace(tmp, str(path))
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise OutputError(f"cannot write {path}: {_reason(exc)}") from None
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def _complete_length(fd: int, size: int) -> int:
@@ -216,7 +167,7 @@ class _FdWriter(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         payload = bytes(data)
-        _write_all(self._fd, payload, self._ops)
+        atomicfile.write_all(self._fd, payload, self._ops)
         return len(payload)
 
 
@@ -264,14 +215,8 @@ def compress_closed_months(
 
 
 def _gzip_into(plain: Path, archive: Path, ops: FileOps) -> None:
-    directory = str(archive.parent)
     try:
-        fd, tmp = ops.mkstemp(directory, f".{archive.name}.")
-    except OSError as exc:
-        raise OutputError(f"cannot write {archive}: {_reason(exc)}") from None
-    try:
-        try:
-            os.fchmod(fd, 0o644)
+        with atomicfile.replacing(archive, ops, 0o644) as fd:
             raw = _FdWriter(fd, ops)
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
                 if archive.exists():
@@ -282,20 +227,10 @@ def _gzip_into(plain: Path, archive: Path, ops: FileOps) -> None:
                         raise OutputError(f"cannot read {archive}: {exc}") from None
                 with open(plain, "rb") as src:
                     shutil.copyfileobj(src, gz, _COPY_CHUNK)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        ops.replace(tmp, str(archive))
-    except OutputError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        where = exc.filename if exc.filename and exc.filename != tmp else archive
+        # the plain month it reads names itself; anything else is the archive's
+        where = plain if exc.filename == str(plain) else archive
         raise OutputError(f"cannot write {where}: {_reason(exc)}") from None
-    _fsync_dir(directory)
 
 
 def expired_history(names: Iterable[str], year: int, month: int, keep_months: int) -> list[str]:

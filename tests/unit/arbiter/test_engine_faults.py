@@ -376,12 +376,12 @@ async def test_read_only_disk_pauses_keeps_jobs_and_leaves_no_temp_files(
     world = World(FakeClock())
     engine = make_engine(tmp_path, world, idle_seconds=1.0)
     ids = submit(engine, 2)
-    import cardshare.arbiter.store as store_module
+    import cardshare.atomicfile as atomicfile
 
     def read_only(fd: int) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(store_module.os, "fsync", read_only)
+    monkeypatch.setattr(atomicfile.os, "fsync", read_only)
     stop = asyncio.Event()
     task = asyncio.ensure_future(engine.run(stop))
     for _ in range(2000):
@@ -392,7 +392,7 @@ async def test_read_only_disk_pauses_keeps_jobs_and_leaves_no_temp_files(
         await asyncio.sleep(0)
     assert engine.alerts[Alert.STORAGE].startswith("cannot write to ")
     assert not task.done()
-    assert [p.name for p in (tmp_path / "data").rglob("*tmp-*")] == []
+    assert [p.name for p in (tmp_path / "data").rglob("*" + atomicfile.TMP_SUFFIX)] == []
     assert states(engine, ids) == [JobState.RUNNING, JobState.QUEUED]
     monkeypatch.undo()
     for _ in range(3000):

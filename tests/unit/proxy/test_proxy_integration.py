@@ -9,6 +9,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as text_string_to_openmetrics,
+)
+from promtext import Exposition
 
 from cardshare.proxy.rules import count_message, stopping_message, time_message
 
@@ -150,7 +154,7 @@ async def test_arbiter_down(make_stand: StandFactory, trust: bool) -> None:
     state = await stand.state()
     expected = ("image", "last-known") if trust else ("llm", "default")
     assert (state["mode"], state["mode_source"]) == expected
-    # refused, or (aiohttp 3.8) the pooled keep-alive connection closed by the stopped arbiter
+    # refused, or a pooled keep-alive connection closed by the stopped arbiter
     assert state["arbiter_error"].startswith(("ClientConnectorError", "ServerDisconnectedError"))
     status, _, _ = await post_json(stand, "/v1/chat/completions", CHAT)
     assert status == (503 if trust else 200)
@@ -164,8 +168,8 @@ async def test_arbiter_never_seen_means_default_llm(make_stand: StandFactory) ->
     state = await stand.state()
     assert (state["mode"], state["mode_source"]) == ("llm", "default")
     async with stand.client.get(stand.url + "/metrics") as resp:
-        text = await resp.text()
-    assert 'cardshare_proxy_mode_source{source="default"} 1' in text
+        m = Exposition(await resp.text())
+    assert m("cardshare_proxy_mode_source", source="default") == 1
 
 
 async def test_mode_read_from_status_when_no_mode_endpoint(make_stand: StandFactory) -> None:
@@ -305,18 +309,21 @@ async def test_health_and_metrics(make_stand: StandFactory) -> None:
     async with stand.client.get(stand.url + "/proxy/health") as resp:
         assert (resp.status, await resp.json()) == (200, {"status": "ok"})
     async with stand.client.get(stand.url + "/metrics") as resp:
-        text = await resp.text()
-    lines = set(text.splitlines())
-    for line in (
-        'cardshare_proxy_requests_total{outcome="forwarded"} 1',
-        'cardshare_proxy_requests_total{outcome="rejected_count"} 0',
-        "cardshare_proxy_held 0",
-        "cardshare_proxy_in_flight 0",
-        'cardshare_proxy_mode{mode="llm"} 1',
-        'cardshare_proxy_mode{mode="image"} 0',
-        "cardshare_proxy_hold_seconds_count 0",
-    ):
-        assert line in lines
+        assert resp.content_type == "text/plain"
+        m = Exposition(await resp.text())
+    assert m("cardshare_proxy_requests_total", outcome="forwarded") == 1
+    assert m("cardshare_proxy_requests_total", outcome="rejected_count") == 0
+    assert m("cardshare_proxy_held") == 0
+    assert m("cardshare_proxy_in_flight") == 0
+    assert m("cardshare_proxy_mode", mode="llm") == 1
+    assert m("cardshare_proxy_mode", mode="image") == 0
+    assert m("cardshare_proxy_hold_seconds_count") == 0
+    # a scraper that asks for OpenMetrics gets it, from the same registry
+    headers = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    async with stand.client.get(stand.url + "/metrics", headers=headers) as resp:
+        assert resp.content_type == "application/openmetrics-text"
+        families = {f.name: f for f in text_string_to_openmetrics(await resp.text())}
+    assert families["cardshare_proxy_requests"].type == "counter"
 
 
 async def test_stopping_answers_held_requests_at_once(make_stand: StandFactory) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import socket
 from typing import Any
 
+from promtext import Exposition
 from slow_clients import send_raw, until_closed
 
 from cardshare.proxy.rules import body_timeout_message, count_message
@@ -45,8 +46,8 @@ async def test_incomplete_head_is_closed(make_stand: StandFactory) -> None:
     assert data == b""
     assert 0.4 - EARLY <= closed - started <= 0.4 + SLACK
     async with stand.client.get(stand.url + "/metrics") as resp:
-        text = await resp.text()
-    assert 'cardshare_proxy_client_read_timeouts_total{phase="header"} 1' in text.splitlines()
+        m = Exposition(await resp.text())
+    assert m("cardshare_proxy_client_read_timeouts_total", phase="header") == 1
 
 
 async def test_stalled_body_is_408_and_closed(make_stand: StandFactory) -> None:
@@ -211,8 +212,8 @@ async def test_held_requests_do_not_keep_their_bodies(make_stand: StandFactory) 
         assert state["held"] == count
         assert 0 < state["held_body_bytes"] <= count * HELD_BODY_WINDOW_BYTES
         async with stand.client.get(stand.url + "/metrics") as resp:
-            lines = (await resp.text()).splitlines()
-        assert f"cardshare_proxy_held_body_bytes {state['held_body_bytes']}" in lines
+            m = Exposition(await resp.text())
+        assert m("cardshare_proxy_held_body_bytes") == state["held_body_bytes"]
     finally:
         for sock in socks:
             sock.close()

@@ -6,9 +6,18 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from promtext import Exposition
 
 from cardshare.proxy.holdqueue import HoldQueue
-from cardshare.proxy.metrics import Counters, Gauges, Histogram, render
+from cardshare.proxy.metrics import (
+    HOLD_BUCKETS,
+    MODE_SOURCES,
+    OUTCOMES,
+    Counters,
+    Gauges,
+    Histogram,
+    render,
+)
 from cardshare.proxy.mode import (
     ModePayloadError,
     ModeView,
@@ -138,27 +147,55 @@ def test_render() -> None:
     counters.count("rejected_time")
     counters.hold_seconds.observe(2.0)
     gauges = Gauges(3, 1, 12.5, "image", "last-known", held_body_bytes=4096, header_timeouts=2)
-    text = render(counters, gauges)
-    lines = text.splitlines()
-    for line in (
-        'cardshare_proxy_requests_total{outcome="forwarded"} 1',
-        'cardshare_proxy_requests_total{outcome="rejected_time"} 1',
-        'cardshare_proxy_requests_total{outcome="client_gone"} 0',
-        "cardshare_proxy_held 3",
-        "cardshare_proxy_held_body_bytes 4096",
-        'cardshare_proxy_client_read_timeouts_total{phase="header"} 2',
-        'cardshare_proxy_client_read_timeouts_total{phase="body"} 0',
-        "# TYPE cardshare_proxy_client_read_timeouts_total counter",
-        "cardshare_proxy_in_flight 1",
-        "cardshare_proxy_oldest_held_seconds 12.500",
-        'cardshare_proxy_hold_seconds_bucket{le="1"} 0',
-        'cardshare_proxy_hold_seconds_bucket{le="5"} 1',
-        'cardshare_proxy_hold_seconds_bucket{le="+Inf"} 1',
-        "cardshare_proxy_hold_seconds_sum 2.000000",
-        'cardshare_proxy_mode{mode="image"} 1',
-        'cardshare_proxy_mode{mode="llm"} 0',
-        'cardshare_proxy_mode_source{source="last-known"} 1',
-        "# TYPE cardshare_proxy_hold_seconds histogram",
-    ):
-        assert line in lines
-    assert text.endswith("\n")
+    m = Exposition(render(counters, gauges))
+    assert m.types == {
+        "cardshare_proxy_requests": "counter",
+        "cardshare_proxy_held": "gauge",
+        "cardshare_proxy_held_body_bytes": "gauge",
+        "cardshare_proxy_in_flight": "gauge",
+        "cardshare_proxy_oldest_held_seconds": "gauge",
+        "cardshare_proxy_hold_seconds": "histogram",
+        "cardshare_proxy_mode": "gauge",
+        "cardshare_proxy_mode_source": "gauge",
+        "cardshare_proxy_connect_retries": "counter",
+        "cardshare_proxy_arbiter_poll_failures": "counter",
+        "cardshare_proxy_client_read_timeouts": "counter",
+    }
+    assert m.series("cardshare_proxy_requests_total") == {
+        frozenset({("outcome", o)}): {"forwarded": 1, "rejected_time": 1}.get(o, 0)
+        for o in OUTCOMES
+    }
+    assert m("cardshare_proxy_held") == 3
+    assert m("cardshare_proxy_held_body_bytes") == 4096
+    assert m("cardshare_proxy_in_flight") == 1
+    assert m("cardshare_proxy_oldest_held_seconds") == 12.5
+    assert m("cardshare_proxy_client_read_timeouts_total", phase="header") == 2
+    assert m("cardshare_proxy_client_read_timeouts_total", phase="body") == 0
+    assert m("cardshare_proxy_connect_retries_total") == 0
+    assert m("cardshare_proxy_arbiter_poll_failures_total") == 0
+    buckets = m.series("cardshare_proxy_hold_seconds_bucket")
+    assert [buckets[frozenset({("le", le)})] for le in ("0.1", "1.0", "5.0", "1800.0", "+Inf")] == [
+        0,
+        0,
+        1,
+        1,
+        1,
+    ]
+    assert len(buckets) == len(HOLD_BUCKETS) + 1
+    assert m("cardshare_proxy_hold_seconds_sum") == 2.0
+    assert m("cardshare_proxy_hold_seconds_count") == 1
+    assert m.series("cardshare_proxy_mode") == {
+        frozenset({("mode", "image")}): 1,
+        frozenset({("mode", "llm")}): 0,
+        frozenset({("mode", "swapping")}): 0,
+    }
+    assert m.series("cardshare_proxy_mode_source") == {
+        frozenset({("source", s)}): int(s == "last-known") for s in MODE_SOURCES
+    }
+
+
+def test_render_without_held_requests() -> None:
+    """No held request: the oldest age is 0, not absent."""
+    m = Exposition(render(Counters(), Gauges(0, 0, None, "llm", "default")))
+    assert m("cardshare_proxy_oldest_held_seconds") == 0
+    assert m("cardshare_proxy_hold_seconds_count") == 0
