@@ -54,6 +54,25 @@ docker_build() { # tag context [dockerfile]
   rm -f "$log"
 }
 
+# The wheels pybase installs, at the pins its Dockerfile's ARGs name, for the lab base's
+# Python (Debian bookworm: CPython 3.11, glibc 2.36) on this machine's architecture, fetched
+# by the project's own pip: it reaches the package index the way the machine is set up to.
+pybase_wheels() {
+  local dir=$1 arch pins
+  arch=$(uname -m)
+  pins=$(sed -nE 's/^ARG (PIP|SETUPTOOLS|WHEEL|AIOHTTP|PROMETHEUS_CLIENT)_VERSION=(.+)$/\1 \2/p' \
+           lab/images/pybase/Dockerfile \
+         | awk '{n=tolower($1); sub(/_client$/, "-client", n); print n "==" $2}')
+  mkdir -p "$dir"
+  # shellcheck disable=SC2086  # one argument per pin
+  .venv/bin/pip download --quiet --disable-pip-version-check --dest "$dir" --only-binary=:all: \
+    --implementation cp --python-version 3.11 --abi cp311 --abi abi3 --abi none \
+    --platform "manylinux_2_28_$arch" --platform "manylinux_2_17_$arch" \
+    --platform "manylinux2014_$arch" --platform any $pins >"$dir.log" 2>&1 \
+    || { tail -n 20 "$dir.log" >&2; rm -f "$dir.log"; return 1; }
+  rm -f "$dir.log"
+}
+
 build_one() {
   local name=$1 tag ctx
   tag=$(tag_of "$name")
@@ -63,7 +82,12 @@ build_one() {
     echo "images: building $tag"
     case "$name" in
       base) lab/images/base/build.sh "$tag" ;;
-      pybase) docker_build "$tag" lab/images/pybase ;;
+      pybase)
+        ctx=$(mktemp -d)
+        cp -a lab/images/pybase/. "$ctx/"
+        pybase_wheels "$ctx/wheels" || { rm -rf "$ctx"; return 1; }
+        docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
+        rm -rf "$ctx" ;;
       vllm-standin|comfyui-standin|plex-standin)
         docker_build "$tag" lab/standins "lab/standins/Dockerfile.${name%-standin}" ;;
       rhel10-sim)
