@@ -1,6 +1,6 @@
 # Copyright: contributors to cardshare.gpuhost
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters for the ``vllm`` role: thin shells over ``module_utils._vllm_tuning``.
+"""Filters for the ``vllm`` role: thin shells over ``plugin_utils._vllm_tuning``.
 
 Each filter is documented in its own ``<filter name>.yml`` beside this file.  The logic and
 its validation live in the pure functions; here errors become ``AnsibleFilterError`` with
@@ -14,7 +14,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._vllm_tuning import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
     DEFAULT_UTILIZATION_CEILING,
     VllmTuningError,
     compose_command,

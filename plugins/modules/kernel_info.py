@@ -43,16 +43,9 @@ options:
     type: list
     elements: str
     default: ['Red Hat, Inc.']
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; check mode reports the same as a normal run.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is no diff.
-  idempotent:
-    support: full
-    description: Reading twice reports C(changed=false) both times.
+extends_documentation_fragment:
+  - cardshare.gpuhost.attributes
+  - cardshare.gpuhost.attributes.info_module
 notes:
   - Trust is decided by the package vendor. The signing key id is reported for reference.
 seealso:

@@ -68,16 +68,9 @@ options:
       - Package named in the fix of a firmware problem.
     type: str
     default: linux-firmware
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; check mode reports the same as a normal run.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is no diff.
-  idempotent:
-    support: full
-    description: Reading twice reports C(changed=false) both times.
+extends_documentation_fragment:
+  - cardshare.gpuhost.attributes
+  - cardshare.gpuhost.attributes.info_module
 notes:
   - GuC and HuC status needs debugfs, readable by root only.
   - Other processes' fdinfo needs root or C(CAP_SYS_PTRACE) in the host's PID namespace. When no

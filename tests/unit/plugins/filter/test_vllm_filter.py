@@ -10,7 +10,7 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.vllm import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._vllm_tuning import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
     SETTINGS_KEYS,
     VllmTuningError,
     compose_command,

@@ -1,4 +1,4 @@
-"""Tables for the vllm role's tuning functions (plugins/module_utils/_vllm_tuning.py).
+"""Tables for the vllm role's tuning functions (plugins/plugin_utils/_vllm_tuning.py).
 
 The seed's numbers: a 32 GB card with two 4K HDR Plex transcodes at 2 GB and 0.8 GB of
 driver headroom gives 0.85; 64k over a 32k window is a YaRN factor of 2.0; an 8G cap killed
@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._vllm_tuning import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
     SEED_MEMORY_LESSON,
     ModelSpec,
     VllmTuningError,

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]
+from ansible.utils.plugin_docs import add_fragments  # type: ignore[import-untyped]
+from ansible_collections.cardshare.gpuhost.plugins.doc_fragments import attributes
 from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe import probe_self_fdinfo
 from ansible_collections.cardshare.gpuhost.plugins.modules import kernel_info, xe_driver_info
+
+# The doc fragments the modules extend, by the name they give in extends_documentation_fragment.
+FRAGMENTS = {"cardshare.gpuhost.attributes": attributes.ModuleDocFragment}
+
+
+class _FragmentLoader:
+    """The collection's doc fragments, by name, for Ansible's own ``add_fragments``."""
+
+    def get(self, name: str) -> SimpleNamespace | None:
+        fragment = FRAGMENTS.get(name)
+        if fragment is None:
+            return None
+        sections = {k: v for k, v in vars(fragment).items() if k.isupper()}
+        return SimpleNamespace(ansible_name=name, **sections)
+
+
+def _documentation(module: ModuleType) -> dict[str, Any]:
+    """The module's DOCUMENTATION with its fragments merged, as ansible-doc shows it."""
+    doc: dict[str, Any] = yaml.safe_load(module.DOCUMENTATION)
+    add_fragments(doc, module.__file__, _FragmentLoader(), is_module=True)
+    return doc
 
 
 @pytest.mark.parametrize("module", [xe_driver_info, kernel_info], ids=lambda m: m.__name__)
 def test_documentation_matches_argument_spec(module: ModuleType) -> None:
-    doc: dict[str, Any] = yaml.safe_load(module.DOCUMENTATION)
+    doc = _documentation(module)
     yaml.safe_load(module.EXAMPLES)
     yaml.safe_load(module.RETURN)
     options = doc["options"]
@@ -29,6 +52,7 @@ def test_documentation_matches_argument_spec(module: ModuleType) -> None:
         "diff_mode": "none",
         "idempotent": "full",
     }
+    assert all(attribute["description"] for attribute in doc["attributes"].values())
 
 
 @pytest.mark.parametrize(
