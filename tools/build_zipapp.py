@@ -2,7 +2,8 @@
 
 Usage: ``python tools/build_zipapp.py OUTPUT``
 
-Only the recorder's modules are packed (``MODULES`` below); each is checked to import nothing
+Only the host command's modules are packed (``MODULES`` below: the recorder and
+``cardshare bench retrieval``); each is checked to import nothing
 but the standard library and other packed modules, so the archive runs on a bare
 ``python3`` (3.11 or newer).  Entry point ``cardshare.cli:main``, shebang
 ``/usr/bin/env python3``.
@@ -29,6 +30,7 @@ MODULES = (
     "__init__.py",
     "__main__.py",
     "atomicfile.py",
+    "benchretrieval.py",
     "cli.py",
     "docker_api.py",
     "fdinfo.py",

@@ -32,6 +32,19 @@ They talk to ``--arbiter URL`` (else ``$CARDSHARE_ARBITER_URL``, else
 ``/etc/cardshare/arbiter/token``, readable by root only); ``--json`` prints the API's own
 documents.  ``urllib`` is imported only by these verbs: the timer's ``scan`` stays light.
 
+OpenVINO Model Server's retrieval tier (``cardshare.benchretrieval``):
+
+``cardshare bench retrieval --base-url URL --arm gpu|cpu [--repository DIR] [--out FILE]``
+    warm-up and timed requests to ``/v3/rerank`` (``--documents`` per request) and
+    ``/v3/embeddings`` (one text, and ``--batch`` texts), ``--tokens-per-document`` each, from
+    ``--concurrency`` threads: p50/p95 and items/s in a JSON record that carries the base URL,
+    the UTC time, the ``/v1/config`` snapshot, the payload shape and the concurrency, and the
+    arm checked where it can be (each graph's ``target_device`` with ``--repository``; OVMS's
+    API reports no device) with what was not checked said plainly. The JSON goes to stdout or
+    ``--out`` (atomically), a short table to stderr (``--table``: the table on stdout instead of
+    the JSON). Exit 1 when the arm is contradicted or a model is not ready (nothing is timed),
+    or when every timed request of a scenario failed.
+
 Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage error.
 """
 
@@ -159,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_arbiter_parsers(sub)
+    _add_bench_parsers(sub)
     return parser
 
 
@@ -947,6 +961,183 @@ JOB_COMMANDS = {
 }
 
 
+# -- benchmarks -------------------------------------------------------------------------------
+
+# The defaults of `cardshare bench retrieval` (the seed's runs: 20 candidates, batches of 32,
+# 3 warm-up and 30 timed calls; a short passage, one client).
+BENCH_RERANK_MODEL = "bge-reranker-v2-m3"
+BENCH_EMBEDDINGS_MODEL = "bge-m3"
+BENCH_DOCUMENTS = 20
+BENCH_TOKENS_PER_DOCUMENT = 64
+BENCH_BATCH = 32
+BENCH_CONCURRENCY = 1
+BENCH_WARMUP = 3
+BENCH_ITERATIONS = 30
+BENCH_TIMEOUT_SECONDS = 60.0
+BENCH_SCENARIOS = ("rerank", "embed-single", "embed-batch")
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
+def _ovms_url(text: str) -> str:
+    """OpenVINO Model Server's REST address, ``http(s)://HOST[:PORT][/prefix]``."""
+    try:
+        return _arbiter_url(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected OpenVINO Model Server's REST address as http://HOST:PORT, got {text!r}"
+        ) from None
+
+
+def _add_bench_parsers(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: retrieval (OpenVINO Model Server)")
+    verbs = bench.add_subparsers(dest="bench_command", required=True, metavar="VERB")
+    retrieval = verbs.add_parser(
+        "retrieval",
+        help="rerank and embeddings latency and throughput, in a record that carries its evidence",
+        description="Warm-up and timed requests to OpenVINO Model Server's /v3/rerank and "
+        "/v3/embeddings (one text, and batches); p50/p95 and items/s in a JSON record with the "
+        "base URL, the UTC time, the /v1/config snapshot, the payload shape, the concurrency and "
+        "the arm checked where it can be.",
+    )
+    retrieval.add_argument(
+        "--base-url",
+        type=_ovms_url,
+        required=True,
+        metavar="URL",
+        help="the server's REST address, e.g. http://127.0.0.1:8000 (no default: it changes "
+        "together with --arm)",
+    )
+    retrieval.add_argument(
+        "--arm",
+        choices=("gpu", "cpu"),
+        required=True,
+        help="the device you believe serves the models; checked where it can be",
+    )
+    retrieval.add_argument(
+        "--repository",
+        type=Path,
+        metavar="DIR",
+        help="the exported model repository the server serves (its config.json): each graph's "
+        "target_device is compared with --arm",
+    )
+    retrieval.add_argument(
+        "--rerank-model",
+        default=BENCH_RERANK_MODEL,
+        metavar="NAME",
+        help=f"the rerank servable (default {BENCH_RERANK_MODEL})",
+    )
+    retrieval.add_argument(
+        "--embeddings-model",
+        default=BENCH_EMBEDDINGS_MODEL,
+        metavar="NAME",
+        help=f"the embeddings servable (default {BENCH_EMBEDDINGS_MODEL})",
+    )
+    retrieval.add_argument(
+        "--documents",
+        type=_positive_int,
+        default=BENCH_DOCUMENTS,
+        metavar="N",
+        help=f"rerank candidates per request (default {BENCH_DOCUMENTS})",
+    )
+    retrieval.add_argument(
+        "--tokens-per-document",
+        type=_positive_int,
+        default=BENCH_TOKENS_PER_DOCUMENT,
+        metavar="T",
+        help="approximate tokens in each document and embedding input, as words "
+        f"(default {BENCH_TOKENS_PER_DOCUMENT})",
+    )
+    retrieval.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=BENCH_BATCH,
+        metavar="B",
+        help=f"embedding inputs per batched request (default {BENCH_BATCH})",
+    )
+    retrieval.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=BENCH_CONCURRENCY,
+        metavar="C",
+        help=f"client threads sending at once (default {BENCH_CONCURRENCY})",
+    )
+    retrieval.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=BENCH_WARMUP,
+        metavar="W",
+        help=f"untimed requests before each scenario (default {BENCH_WARMUP})",
+    )
+    retrieval.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=BENCH_ITERATIONS,
+        metavar="I",
+        help=f"timed requests per scenario (default {BENCH_ITERATIONS})",
+    )
+    retrieval.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=BENCH_TIMEOUT_SECONDS,
+        metavar="S",
+        help=f"seconds a request may wait for the server (default {BENCH_TIMEOUT_SECONDS:g})",
+    )
+    retrieval.add_argument(
+        "--scenario",
+        action="append",
+        choices=BENCH_SCENARIOS,
+        metavar="NAME",
+        help=f"run only these ({', '.join(BENCH_SCENARIOS)}; repeatable; default all)",
+    )
+    retrieval.add_argument(
+        "--out", type=Path, metavar="FILE", help="write the JSON here (atomically), not stdout"
+    )
+    retrieval.add_argument(
+        "--table",
+        action="store_true",
+        help="print the table on stdout instead of the JSON (which still goes to --out)",
+    )
+
+
+def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
+    # imported here: only this command needs it
+    from cardshare import benchretrieval as bench
+
+    scenarios = tuple(dict.fromkeys(args.scenario or BENCH_SCENARIOS))
+    options = bench.BenchOptions(
+        base_url=args.base_url,
+        arm=args.arm,
+        repository=args.repository,
+        rerank_model=args.rerank_model,
+        embeddings_model=args.embeddings_model,
+        payload=bench.PayloadShape(
+            documents=args.documents,
+            tokens_per_document=args.tokens_per_document,
+            batch=args.batch,
+        ),
+        concurrency=args.concurrency,
+        warmup=args.warmup,
+        iterations=args.iterations,
+        timeout=args.timeout,
+        scenarios=scenarios,
+    )
+    try:
+        report = bench.run(options, progress=sys.stderr)
+    except bench.BenchError as exc:
+        print(f"cardshare: error: {exc}", file=sys.stderr)
+        return 1
+    return bench.emit(report, out=out, err=sys.stderr, out_file=args.out, table=args.table)
+
+
+BENCH_COMMANDS = {"retrieval": _cmd_bench_retrieval}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (argparse usage errors give 2)."""
     parser = build_parser()
@@ -960,7 +1151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": _cmd_report,
         "status": _cmd_status,
     }
-    command = commands.get(args.command) or JOB_COMMANDS[args.job_command]
+    command = commands.get(args.command)
+    if command is None:
+        if args.command == "bench":
+            command = BENCH_COMMANDS[args.bench_command]
+        else:
+            command = JOB_COMMANDS[args.job_command]
     try:
         return command(args, sys.stdout)
     except UsageError as exc:

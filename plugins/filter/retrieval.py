@@ -1,0 +1,84 @@
+# Copyright: contributors to cardshare.gpuhost
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters for the ``retrieval`` role: thin shells over ``plugin_utils._retrieval``.
+
+Each filter is documented in its own ``<filter name>.yml`` beside this file.  The cost model,
+the guards and their validation live in the pure functions; here their errors become
+``AnsibleFilterError`` with the same message, which names the role variable, the bad value
+and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+    DEFAULT_HEADROOM,
+    DEFAULT_MAX_ALLOWED_CHUNKS,
+    DEFAULT_MAX_POSITION_EMBEDDINGS,
+    DEFAULT_NUM_STREAMS,
+    RetrievalError,
+    retrieval_graph_guards,
+    retrieval_graph_guards_check,
+    retrieval_memory_plan,
+)
+
+_R = TypeVar("_R")
+
+
+def _filter(func: Callable[..., _R]) -> Callable[..., _R]:
+    """Run ``func`` and turn the retrieval module's errors into ``AnsibleFilterError``."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except RetrievalError as err:
+            raise AnsibleFilterError(str(err), orig_exc=err) from err
+
+    return wrapper
+
+
+@_filter
+def retrieval_memory_plan_filter(
+    max_allowed_chunks: object = DEFAULT_MAX_ALLOWED_CHUNKS,
+    max_position_embeddings: object = DEFAULT_MAX_POSITION_EMBEDDINGS,
+    num_streams: object = DEFAULT_NUM_STREAMS,
+    headroom: object = DEFAULT_HEADROOM,
+    memory_limit: object = None,
+) -> dict[str, object]:
+    return retrieval_memory_plan(
+        max_allowed_chunks, max_position_embeddings, num_streams, headroom, memory_limit
+    )
+
+
+@_filter
+def retrieval_graph_guards_filter(
+    text: object,
+    max_allowed_chunks: object = DEFAULT_MAX_ALLOWED_CHUNKS,
+    max_position_embeddings: object = DEFAULT_MAX_POSITION_EMBEDDINGS,
+) -> str:
+    return retrieval_graph_guards(text, max_allowed_chunks, max_position_embeddings)
+
+
+@_filter
+def retrieval_graph_guards_check_filter(
+    text: object,
+    max_allowed_chunks: object = DEFAULT_MAX_ALLOWED_CHUNKS,
+    max_position_embeddings: object = DEFAULT_MAX_POSITION_EMBEDDINGS,
+) -> list[str]:
+    return retrieval_graph_guards_check(text, max_allowed_chunks, max_position_embeddings)
+
+
+class FilterModule:
+    """The retrieval role's filters: the memory cap and the rerank graph's guards."""
+
+    def filters(self) -> dict[str, Callable[..., object]]:
+        return {
+            "retrieval_memory_plan": retrieval_memory_plan_filter,
+            "retrieval_graph_guards": retrieval_graph_guards_filter,
+            "retrieval_graph_guards_check": retrieval_graph_guards_check_filter,
+        }
