@@ -12,6 +12,7 @@ import json
 import socket
 import urllib.parse
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 API_VERSION = "v1.41"  # Docker 20.10 and newer accept it
@@ -48,6 +49,7 @@ class ContainerState:
     health: str  # none | starting | healthy | unhealthy
     error: str
     started_at: str = ""  # State.StartedAt: a restart is proven by a new value
+    finished_at: str = ""  # State.FinishedAt: when it last exited (year 1 when it never did)
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -80,7 +82,20 @@ def parse_container_state(data: dict[str, Any]) -> ContainerState:
         health=str(health.get("Status", "none")) if health else "none",
         error=str(state.get("Error", "") or ""),
         started_at=str(state.get("StartedAt", "") or ""),
+        finished_at=str(state.get("FinishedAt", "") or ""),
     )
+
+
+def docker_time(value: str) -> float | None:
+    """Pure: an inspect time (RFC 3339, nanoseconds, ``Z``) as epoch seconds; None for an empty
+    value, one that does not parse, or Docker's "never" (``0001-01-01T00:00:00Z``)."""
+    if not value or value.startswith("0001-"):
+        return None
+    try:
+        # fromisoformat keeps microseconds of the nine digits Docker writes
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def demux_logs(raw: bytes) -> str:

@@ -85,6 +85,9 @@ class Container:
         self.oom_next = False
         self.started_at = NEVER
         self.finished_at = NEVER
+        # when a crash killed the process: Docker's FinishedAt is the exit time containerd
+        # reports, not the later moment the daemon (here the reaper thread) took the event
+        self.crashed_at: float | None = None
         self.released_at = 0.0  # when its VRAM leaves the card (after the process exited)
         self.respawn_pending = False
         self.stopping = False  # a stop or restart through the API: never a restart policy's
@@ -173,7 +176,8 @@ class Docker(App):
         c.exit_code = 128 - code if code < 0 else code
         c.oom_killed = c.oom_next
         c.oom_next = False
-        c.finished_at = rfc3339(time.time())
+        c.finished_at = rfc3339(c.crashed_at if c.crashed_at is not None else time.time())
+        c.crashed_at = None
         c.released_at = time.time() + self.settings.seconds(f"{c.service}_release_seconds", 0.0)
 
     def _stop(self, c: Container, timeout: float) -> None:
@@ -430,7 +434,9 @@ class Docker(App):
                     return Reply.json({"crashed": False})
                 c.oom_next = q.get("oom") == "1"
                 c.respawn_pending = q.get("respawn") == "1"
+                c.crashed_at = time.time()
                 c.proc.send_signal(int(q.get("signal", "9")))
+            print(f"{rfc3339(c.crashed_at)} crash {c.name} (pid {c.proc.pid})", flush=True)
             return Reply.json({"crashed": True})
         return Reply.text("404: Not Found", 404)
 

@@ -114,9 +114,10 @@ SCENARIOS = [
         ),
         "inspect-vllm-not-ready",
     ),
-    # Docker down for 2 s from the first call of the swap on
+    # Docker down for 5 s from the first call of the swap on (long enough that the start of
+    # vLLM after the failed stop meets it down too, however loaded the machine)
     P(
-        Scenario((F("*", "exception", None),), "stop_llm", clear_after=2.0, alerts=LLM),
+        Scenario((F("*", "exception", None),), "stop_llm", clear_after=5.0, alerts=LLM),
         "docker-down-in-swap",
     ),
     P(

@@ -62,7 +62,7 @@ from cardshare.arbiter.rules import (
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, next_phase
 from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
 from cardshare.atomicfile import write_atomic
-from cardshare.docker_api import DockerError
+from cardshare.docker_api import ContainerState, DockerError, docker_time
 from cardshare.errors import (
     VRAM_MAX_ATTEMPTS,
     ErrorKind,
@@ -125,6 +125,12 @@ def is_storage_error(exc: BaseException) -> bool:
 class Clock(Protocol):
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
+
+
+def _crashed(st: ContainerState) -> bool:
+    """An exit no stop asked for: killed by the kernel's OOM killer, or any exit code but 0
+    and 143 (SIGTERM, what ``docker stop`` sends first)."""
+    return st.oom_killed or st.exit_code not in (0, 143)
 
 
 class RealClock:
@@ -352,12 +358,23 @@ class Engine:
         """Converge the persisted phase with the containers' real states; False when the
         containers cannot be inspected (the caller retries)."""
         try:
-            llm_running = (await self.containers.state("llm")).running
+            llm = await self.containers.state("llm")
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
             self._alert(Alert.DOCKER, str(exc))
             return False
         self._clear(Alert.DOCKER)
+        llm_running = llm.running
+        if self.state.phase is Phase.SERVE_LLM and not llm_running and _crashed(llm):
+            # the LLM died while it was the card's owner (while the arbiter was away, or as it
+            # came up): reported, not quietly started again
+            self.llm_failures += 1
+            self._alert(
+                Alert.LLM_NOT_READY,
+                f"vLLM stopped while serving (found as the arbiter started): container "
+                f"{llm.name or 'llm'} exited with code {llm.exit_code}"
+                f"{', OOMKilled' if llm.oom_killed else ''}; starting it again",
+            )
         plan = plan_resume(
             self.state.phase,
             llm_running,
@@ -589,7 +606,33 @@ class Engine:
             await self._pause(self.config.poll_interval_seconds)
 
     async def _stop_llm(self) -> Result:
-        return await self._stop("llm")
+        result = await self._stop("llm")
+        if result.outcome is Outcome.OK:
+            await self._report_llm_gone_before_the_swap()
+        return result
+
+    async def _report_llm_gone_before_the_swap(self) -> None:
+        """A vLLM that exited before this swap began (a crash between the serving loop's last
+        look and the decision to swap) is reported, not absorbed by the swap's own stop. Read
+        after the stop, which waits for the exit, so an exit the engine had not taken in yet
+        is seen too; Docker's FinishedAt is the time the process exited. One that exited after
+        the phase began was stopped by this phase (also a swap resumed after a restart of the
+        arbiter) and is not reported."""
+        try:
+            st = await self._waiting(self.containers.state("llm"))
+        except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
+            return
+        finished = docker_time(st.finished_at)
+        if st.running or finished is None or finished >= self.state.phase_since:
+            return
+        self.llm_failures += 1
+        self._alert(
+            Alert.LLM_NOT_READY,
+            f"vLLM stopped while serving, before the swap to image: container "
+            f"{st.name or 'llm'} exited with code {st.exit_code}; "
+            "it starts again when the card comes back",
+        )
 
     async def _wait_llm_release(self) -> Result:
         return await self._wait_release(

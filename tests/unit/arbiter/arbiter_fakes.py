@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class FakeContainer:
     start_fails: bool = False  # Docker refuses to start it (e.g. a missing device)
     exits_at_start: bool = False  # it starts, then exits at once (a broken image)
     starts: int = 0  # State.StartedAt moves with every real start
+    finished: float = 0.0  # State.FinishedAt on the world's clock (0: it never exited)
 
     @property
     def started_at(self) -> str:
@@ -132,6 +134,11 @@ class FakeContainers:
             health="none",
             error="",
             started_at=c.started_at,
+            finished_at=(
+                datetime.fromtimestamp(c.finished, UTC).isoformat().replace("+00:00", "Z")
+                if c.finished
+                else "0001-01-01T00:00:00Z"
+            ),
         )
 
     def _really_start(self, role: Role) -> None:
@@ -166,7 +173,9 @@ class FakeContainers:
         c = self.w.container(role)
         if c.stop_fails:
             raise DockerError(f"Docker Engine POST /containers/{role}/stop answered 500: boom", 500)
-        c.running = False  # 304 when it was stopped already: nothing changes
+        if c.running:  # 304 when it was stopped already: nothing changes
+            c.running = False
+            c.finished = self.w.clock.now()
 
     async def restart(self, role: Role, timeout_seconds: int) -> None:
         self.w.calls.append(f"restart {role}")

@@ -551,6 +551,62 @@ async def test_vllm_dying_while_serving_is_started_again(tmp_path: Path) -> None
     assert Alert.LLM_NOT_READY not in engine.alerts
 
 
+async def test_vllm_dead_before_a_swap_is_reported_not_absorbed(tmp_path: Path) -> None:
+    """vLLM crashed after the serving loop's last look, when it had already decided to swap:
+    the swap's own stop must not hide the crash (the fault suite's vllm-dies-while-serving
+    lost its alert this way on a loaded machine)."""
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world)
+    submit(engine)
+    await run_until(engine, lambda e: e.state.phase is Phase.STOP_LLM)
+    world.llm.running, world.llm.exit_code = False, 137
+    world.llm.finished = engine.state.phase_since - 0.2
+    await engine.step()
+    assert engine.alerts[Alert.LLM_NOT_READY] == (
+        "vLLM stopped while serving, before the swap to image: container vllm-vllm-1 exited "
+        "with code 137; it starts again when the card comes back"
+    )
+    await run_until(engine, in_llm_with_no_jobs)
+    assert world.llm.running
+    assert Alert.LLM_NOT_READY not in engine.alerts
+    assert engine.faults[Alert.LLM_NOT_READY] == 1
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "oom", "alerted"),
+    [(137, False, True), (1, False, True), (0, True, True), (0, False, False), (143, False, False)],
+)
+async def test_vllm_found_dead_at_the_start_is_reported_when_it_crashed(
+    tmp_path: Path, exit_code: int, oom: bool, alerted: bool
+) -> None:
+    """The arbiter (re)starts in serve_llm and finds vLLM exited: a crash (killed, an error
+    exit, the OOM killer) is reported; a clean stop (0, or 143 after docker stop's SIGTERM)
+    is only started again."""
+    world = World(FakeClock())
+    world.llm.running, world.llm.exit_code, world.llm.oom_killed = False, exit_code, oom
+    engine = make_engine(tmp_path, world)
+    assert await engine.resume()
+    assert engine.state.phase is Phase.START_LLM
+    assert (Alert.LLM_NOT_READY in engine.alerts) is alerted
+    await run_until(engine, in_llm_with_no_jobs)
+    assert world.llm.running
+    assert Alert.LLM_NOT_READY not in engine.alerts
+
+
+async def test_vllm_stopped_by_the_swap_itself_is_no_crash(tmp_path: Path) -> None:
+    """A swap resumed after a restart of the arbiter finds the vLLM it stopped in this phase:
+    exited after the phase began, which is no crash."""
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world)
+    submit(engine)
+    await run_until(engine, lambda e: e.state.phase is Phase.STOP_LLM)
+    world.llm.running, world.llm.exit_code = False, 0
+    world.llm.finished = engine.state.phase_since + 0.1
+    await engine.step()
+    assert Alert.LLM_NOT_READY not in engine.alerts
+    assert engine.faults[Alert.LLM_NOT_READY] == 0
+
+
 async def test_outputs_reported_saved_but_not_found_are_asked_again_never_rerun(
     tmp_path: Path,
 ) -> None:
