@@ -584,6 +584,8 @@ class Rig:
             return False
         if not st["engine"]["healthy"]:
             return False
+        if st["decision"]["reasons"] == ["not evaluated yet"]:
+            return False  # a new arbiter whose resume is not behind it yet
         c = self.docker.containers()
         if not c["vllm"]["running"] or c["comfyui"]["running"]:
             return False

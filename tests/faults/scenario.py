@@ -110,6 +110,11 @@ def run_scenario(
                 assert rig.docker.crash(service, respawn=bool(respawn)), f"{service} not running"
 
         workflow = WORKFLOWS[sc.workflow]
+        if since is None:
+            # a case starts on an arbiter that serves: the first case of a worker meets one
+            # that has just started, and a fault armed now would land in its resume instead
+            # of the phase the case is about
+            rig.wait_llm(sc.timeout)
         if sc.arm_at is None:
             arm()
             for service, rule_id in rules:
