@@ -11,10 +11,8 @@ and the fix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
 
-from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._filter_errors import filter_errors
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
     DEFAULT_HEADROOM,
     DEFAULT_MAX_ALLOWED_CHUNKS,
@@ -26,20 +24,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
     retrieval_memory_plan,
 )
 
-_R = TypeVar("_R")
-
-
-def _filter(func: Callable[..., _R]) -> Callable[..., _R]:
-    """Run ``func`` and turn the retrieval module's errors into ``AnsibleFilterError``."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> _R:
-        try:
-            return func(*args, **kwargs)
-        except RetrievalError as err:
-            raise AnsibleFilterError(str(err), orig_exc=err) from err
-
-    return wrapper
+_filter = filter_errors(RetrievalError)
 
 
 @_filter

@@ -10,10 +10,8 @@ the same message, which names the role variable, the bad value and the fix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
 
-from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._filter_errors import filter_errors
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
     DEFAULT_UTILIZATION_CEILING,
     VllmTuningError,
@@ -27,20 +25,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning imp
     vllm_serve_args,
 )
 
-_R = TypeVar("_R")
-
-
-def _filter(func: Callable[..., _R]) -> Callable[..., _R]:
-    """Run ``func`` and turn the tuning module's errors into ``AnsibleFilterError``."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> _R:
-        try:
-            return func(*args, **kwargs)
-        except VllmTuningError as err:
-            raise AnsibleFilterError(str(err), orig_exc=err) from err
-
-    return wrapper
+_filter = filter_errors(VllmTuningError)
 
 
 @_filter
