@@ -2,8 +2,8 @@
 
 Usage: ``python tools/build_zipapp.py OUTPUT``
 
-Only the host command's modules are packed (``MODULES`` below: the recorder and
-``cardshare bench retrieval``); each is checked to import nothing
+Only the host command's modules are packed (``MODULES`` below: the recorder,
+``cardshare bench retrieval`` and ``cardshare ratchet``); each is checked to import nothing
 but the standard library and other packed modules, so the archive runs on a bare
 ``python3`` (3.11 or newer).  Entry point ``cardshare.cli:main``, shebang
 ``/usr/bin/env python3``.
@@ -36,6 +36,7 @@ MODULES = (
     "fdinfo.py",
     "naming.py",
     "procscan.py",
+    "ratchet.py",
     "recorder/__init__.py",
     "recorder/compute.py",
     "recorder/output.py",

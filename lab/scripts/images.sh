@@ -10,12 +10,12 @@
 #                          of rhel10-sim, the last step of a failed build); not while building
 #
 # Images: base (debootstrap), pybase (base + a virtualenv with the services' pins),
-# vllm-standin, comfyui-standin, plex-standin (SIMULATION: stand-ins for vendor images),
-# rhel10-sim (SIMULATION: the lab host).
+# vllm-standin, comfyui-standin, plex-standin, ovms-standin (SIMULATION: stand-ins for vendor
+# images), rhel10-sim (SIMULATION: the lab host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE=${CARDSHARE_LAB_CACHE:-/var/cache/cardshare-lab}
-RUNTIME=(pybase vllm-standin comfyui-standin plex-standin)
+RUNTIME=(pybase vllm-standin comfyui-standin plex-standin ovms-standin)
 
 hash_of() { # hash of the files under the given paths, plus literal strings
   { for p in "$@"; do
@@ -31,7 +31,7 @@ recipe_hash() {
   case "$1" in
     base) hash_of lab/images/base ;;
     pybase) hash_of lab/images/pybase "base=$(recipe_hash base)" ;;
-    vllm-standin|comfyui-standin|plex-standin)
+    vllm-standin|comfyui-standin|plex-standin|ovms-standin)
       hash_of lab/standins "base=$(recipe_hash base)" "image=$1" ;;
     rhel10-sim)
       hash_of lab/images/rhel10-sim lab/standins/simcard_reaper.py lab/standins/simcard.py \
@@ -88,7 +88,7 @@ build_one() {
         pybase_wheels "$ctx/wheels" || { rm -rf "$ctx"; return 1; }
         docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
         rm -rf "$ctx" ;;
-      vllm-standin|comfyui-standin|plex-standin)
+      vllm-standin|comfyui-standin|plex-standin|ovms-standin)
         docker_build "$tag" lab/standins "lab/standins/Dockerfile.${name%-standin}" ;;
       rhel10-sim)
         ctx=$(mktemp -d)
@@ -140,5 +140,7 @@ prune_stages() {
 if [ "${1:-}" = "--tag" ]; then tag_of "$2"; exit 0; fi
 if [ "${1:-}" = "--prune-stages" ]; then prune_stages; exit 0; fi
 [ -x .venv/bin/python ] || tools/venv.sh
-for n in base pybase vllm-standin comfyui-standin plex-standin rhel10-sim; do build_one "$n"; done
+for n in base pybase vllm-standin comfyui-standin plex-standin ovms-standin rhel10-sim; do
+  build_one "$n"
+done
 save_runtime

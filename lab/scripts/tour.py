@@ -4,7 +4,8 @@ Runs on the lab host (python3, standard library only; `docker exec -i HOST pytho
 lab/scripts/tour.py`). Prints what each service answers and exits non-zero when one does
 not: vLLM's computed flags in the engine's view, a completion through the patient proxy,
 an image job traded through the arbiter (vLLM stopped, ComfyUI started, the photo made,
-the card handed back), who the recorder saw on the card, and a few lines of the Prometheus
+the card handed back), an embedding and a rerank through the retrieval tier (resident on the
+card through the swap), who the recorder saw on the card, and a few lines of the Prometheus
 textfile it writes for node_exporter (when recorder_textfile_path is set).
 """
 
@@ -18,6 +19,7 @@ import urllib.request
 import zlib
 
 ARBITER = "http://127.0.0.1:8090"
+RETRIEVAL = "http://127.0.0.1:8100"
 PROXY = "http://127.0.0.1:8080"
 RECORDER_UNIT = "cardshare-recorder.service"
 # the textfile's metrics the tour shows: VRAM and busy share per client
@@ -90,6 +92,54 @@ def show_textfile():
         print("  " + "\n  ".join(shown))
 
 
+def retrieval_started():
+    return (
+        subprocess.check_output(
+            ["docker", "inspect", "-f", "{{.State.StartedAt}}", "retrieval-ovms-1"]
+        )
+        .decode()
+        .strip()
+    )
+
+
+def show_retrieval(started_before_swap):
+    """An embedding and a rerank through the retrieval tier, which no swap touches."""
+    with open("/var/lib/cardshare/retrieval/tier.json", encoding="utf-8") as fh:
+        tier = json.load(fh)
+    started = retrieval_started()
+    if started != started_before_swap:
+        sys.exit(f"the retrieval tier restarted in the swap: {started_before_swap} -> {started}")
+    vector = call(
+        "POST",
+        f"{RETRIEVAL}/v3/embeddings",
+        {"model": tier["embedding_model"], "input": "a shared inference box"},
+    )["data"][0]["embedding"]
+    print(
+        f"the retrieval tier ({tier['revision']} on the {tier['device']}, up since {started}, "
+        "untouched by the swap): "
+        f"an embedding of {len(vector)} numbers from {tier['embedding_model']}"
+    )
+    documents = [
+        "The arbiter hands the whole card to ComfyUI when vLLM has been idle.",
+        "Sourdough needs a long cold proof.",
+        "Arctic terns migrate farther than any other bird.",
+    ]
+    ranked = call(
+        "POST",
+        f"{RETRIEVAL}/v3/rerank",
+        {
+            "model": tier["rerank_model"],
+            "query": "who gets the card when the LLM is idle?",
+            "documents": documents,
+        },
+    )["results"]
+    print(f"a rerank by {tier['rerank_model']}, best first:")
+    for item in ranked:
+        print(f"  {item['relevance_score']:.4f}  {documents[item['index']]}")
+    if ranked[0]["index"] != 0:
+        sys.exit(f"the rerank did not put the relevant document first: {ranked}")
+
+
 def main():
     args = json.loads(
         subprocess.check_output(["docker", "inspect", "-f", "{{json .Args}}", "vllm-vllm-1"])
@@ -120,6 +170,7 @@ def main():
     )
     print(f"a completion through the patient proxy: {reply['choices'][0]['message']['content']!r}")
 
+    retrieval_before = retrieval_started()
     with open("/var/tmp/cardshare-tour-workflow.json") as fh:
         workflow = json.load(fh)
     job = call(
@@ -149,6 +200,8 @@ def main():
     for s in reversed(swap):
         phases = ", ".join(f"{p['phase']} {p['seconds']:.1f}s" for p in s["phases"])
         print(f"  swap {s['direction']}: {s['total_seconds']:.1f}s ({phases})")
+
+    show_retrieval(retrieval_before)
 
     out = subprocess.check_output(
         ["cardshare", "clients", "--data-dir", "/var/lib/cardshare/recorder"]

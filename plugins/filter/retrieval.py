@@ -21,7 +21,10 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
     RetrievalError,
     retrieval_graph_guards,
     retrieval_graph_guards_check,
+    retrieval_graph_settings_check,
     retrieval_memory_plan,
+    retrieval_rerank_probe,
+    retrieval_reservation_check,
 )
 
 _filter = filter_errors(RetrievalError)
@@ -34,9 +37,15 @@ def retrieval_memory_plan_filter(
     num_streams: object = DEFAULT_NUM_STREAMS,
     headroom: object = DEFAULT_HEADROOM,
     memory_limit: object = None,
+    watchdog_bound: object = None,
 ) -> dict[str, object]:
     return retrieval_memory_plan(
-        max_allowed_chunks, max_position_embeddings, num_streams, headroom, memory_limit
+        max_allowed_chunks,
+        max_position_embeddings,
+        num_streams,
+        headroom,
+        memory_limit,
+        watchdog_bound,
     )
 
 
@@ -58,6 +67,25 @@ def retrieval_graph_guards_check_filter(
     return retrieval_graph_guards_check(text, max_allowed_chunks, max_position_embeddings)
 
 
+@_filter
+def retrieval_graph_settings_check_filter(
+    text: object, num_streams: object = DEFAULT_NUM_STREAMS, target_device: object = "GPU"
+) -> list[str]:
+    return retrieval_graph_settings_check(text, num_streams, target_device)
+
+
+@_filter
+def retrieval_rerank_probe_filter(
+    response: object, relevant_index: object = 0, documents: object = None
+) -> list[str]:
+    return retrieval_rerank_probe(response, relevant_index, documents)
+
+
+@_filter
+def retrieval_reservation_check_filter(reservations: object, plan: object = None) -> list[str]:
+    return retrieval_reservation_check(reservations, plan)
+
+
 class FilterModule:
     """The retrieval role's filters: the memory cap and the rerank graph's guards."""
 
@@ -66,4 +94,7 @@ class FilterModule:
             "retrieval_memory_plan": retrieval_memory_plan_filter,
             "retrieval_graph_guards": retrieval_graph_guards_filter,
             "retrieval_graph_guards_check": retrieval_graph_guards_check_filter,
+            "retrieval_graph_settings_check": retrieval_graph_settings_check_filter,
+            "retrieval_rerank_probe": retrieval_rerank_probe_filter,
+            "retrieval_reservation_check": retrieval_reservation_check_filter,
         }

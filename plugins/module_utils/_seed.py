@@ -117,6 +117,7 @@ __all__ = [
     "SeedError",
     "SeedOptions",
     "SeedPlan",
+    "apply_overrides",
     "bound_method",
     "check_tree_relation",
     "child_argv",
@@ -180,13 +181,17 @@ class SeedOptions:
     marker: str = DEFAULT_MARKER
     chunk_size: int = DEFAULT_CHUNK_SIZE
     flush_bytes: int = DEFAULT_FLUSH_BYTES
+    # relative path -> text written instead of src's file of that path (a graph with guards)
+    overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def journal(self) -> str:
         return self.marker + JOURNAL_SUFFIX
 
     def to_params(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        params = dataclasses.asdict(self)
+        params["overrides"] = dict(self.overrides)
+        return params
 
 
 @dataclass(frozen=True)
@@ -338,7 +343,55 @@ def validate_options(params: Mapping[str, Any]) -> SeedOptions:
         marker=marker,
         chunk_size=chunk_size,
         flush_bytes=flush_bytes,
+        overrides=_check_overrides(params.get("overrides"), marker),
     )
+
+
+def _check_overrides(value: Any, marker: str) -> dict[str, str]:
+    """``overrides``: relative ``/``-separated file paths of src to text."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SeedError(
+            f"overrides: got {type(value).__name__}; give a mapping of a file's path in src "
+            "(relative, such as 'bge-reranker-v2-m3/graph.pbtxt') to the text to write instead"
+        )
+    checked: dict[str, str] = {}
+    for rel, text in value.items():
+        parts = rel.split("/") if isinstance(rel, str) else []
+        if (
+            not parts
+            or any(part in ("", ".", "..") for part in parts)
+            or (len(parts) == 1 and parts[0] in (marker, marker + JOURNAL_SUFFIX))
+        ):
+            raise SeedError(
+                f"overrides: the path {rel!r} is not a file's relative path in src; give it "
+                "'/'-separated, without '.', '..', empty parts or the marker's names"
+            )
+        if not isinstance(text, str):
+            raise SeedError(f"overrides: the value for {rel!r} is {type(text).__name__}; give text")
+        checked[rel] = text
+    return checked
+
+
+def apply_overrides(
+    records: Sequence[FileRecord], overrides: Mapping[str, str]
+) -> list[FileRecord]:
+    """``records`` with each overridden file's size and sha256 those of its text (UTF-8);
+    an override of a file src does not hold is refused."""
+    missing = sorted(set(overrides) - {r.path for r in records})
+    if missing:
+        raise SeedError(
+            f"overrides: src holds no file {', '.join(missing)}; an override replaces a file "
+            "of the exported repository, it does not add one"
+        )
+    result = []
+    for record in records:
+        if record.path in overrides:
+            data = overrides[record.path].encode()
+            record = FileRecord(record.path, len(data), hashlib.sha256(data).hexdigest())
+        result.append(record)
+    return result
 
 
 def _inside(path: str, root: str) -> bool:
@@ -970,6 +1023,13 @@ def _execute(
     for rel in copy_order(plan.add + plan.replace):
         record = by_path[rel]
         target_dir = _ensure_dir(dest, posixpath.dirname(rel))
+        if rel in options.overrides:
+            _write_small_atomic(
+                target_dir, posixpath.basename(rel), options.overrides[rel].encode()
+            )
+            copied += 1
+            copied_bytes += record.size
+            continue
         copy_file(
             os.path.join(src, rel),
             target_dir,
@@ -995,7 +1055,9 @@ def seed(options: SeedOptions, check_mode: bool = False, diff: bool = False) -> 
     check_tree_relation(src, dest)
     if os.path.lexists(dest) and not os.path.isdir(dest):
         raise SeedError(f"dest: {dest} exists and is not a directory; give a directory")
-    source = scan_source(src, options.marker, options.chunk_size)
+    source = apply_overrides(
+        scan_source(src, options.marker, options.chunk_size), options.overrides
+    )
     wanted = {f.path: f for f in source}
     reserved = (options.marker, options.journal)
 

@@ -83,6 +83,15 @@ options:
         RV(memory_bound_bytes) grows with the largest file. Otherwise at least O(chunk_size).
     type: int
     default: 67108864
+  overrides:
+    description:
+      - Files of O(src) written with other content, a mapping of a file's path relative to O(src)
+        (C(/)-separated) to its text, such as a rerank C(graph.pbtxt) with its batch guards
+        injected. The marker holds the size and sha256 of the text, so a run with the same
+        overrides changes nothing and a changed override rewrites that file alone.
+      - An override of a path O(src) does not hold is refused.
+    type: dict
+    default: {}
   memory_bound:
     description:
       - V(auto) runs the copy under C(systemd-run --scope -p MemoryMax=)RV(memory_bound_bytes)
@@ -294,6 +303,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "chunk_size": {"type": "int", "default": DEFAULT_CHUNK_SIZE},
     "flush_bytes": {"type": "int", "default": DEFAULT_FLUSH_BYTES},
     "memory_bound": {"type": "str", "default": "auto", "choices": list(MEMORY_BOUND_CHOICES)},
+    "overrides": {"type": "dict", "default": {}},
 }
 
 

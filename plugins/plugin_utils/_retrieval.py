@@ -65,6 +65,7 @@ commented-out guard or one inside a string is not mistaken for the real field.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -75,6 +76,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning imp
     VllmTuningError,
     human_size,
     parse_number,
+    parse_reservations,
     parse_size,
 )
 
@@ -92,7 +94,10 @@ __all__ = [
     "call_bytes",
     "retrieval_graph_guards",
     "retrieval_graph_guards_check",
+    "retrieval_graph_settings_check",
     "retrieval_memory_plan",
+    "retrieval_rerank_probe",
+    "retrieval_reservation_check",
     "sequence_peak_bytes",
 ]
 
@@ -133,6 +138,7 @@ GUARD_VARIABLES = {
 _NUM_STREAMS_VARIABLE = "retrieval_num_streams"
 _HEADROOM_VARIABLE = "retrieval_memory_headroom"
 _LIMIT_VARIABLE = "retrieval_memory_limit"
+_WATCHDOG_VARIABLE = "retrieval_watchdog_bound"
 
 
 class RetrievalError(ValueError):
@@ -218,6 +224,13 @@ def _limit(value: object) -> int | None:
         raise _converted(err) from err
 
 
+def _size(value: object, variable: str) -> int:
+    try:
+        return parse_size(value, variable)
+    except VllmTuningError as err:
+        raise _converted(err) from err
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -275,6 +288,7 @@ def retrieval_memory_plan(
     num_streams: object = DEFAULT_NUM_STREAMS,
     headroom: object = DEFAULT_HEADROOM,
     memory_limit: object = None,
+    watchdog_bound: object = None,
 ) -> dict[str, object]:
     """The OVMS container's memory cap for the rerank guards, or a check of a given cap.
 
@@ -284,7 +298,12 @@ def retrieval_memory_plan(
     ``worst_sequence_peak_bytes``, ``required_memory_limit_bytes`` (the smallest cap, in
     whole MiB, that keeps the worst sequence within ``headroom``), ``memory_limit_bytes``
     (``memory_limit`` when given, else the required cap), ``memory_limit_computed``,
-    ``worst_sequence_fraction`` (of the cap) and ``within_calibration`` (false when the
+    ``worst_sequence_fraction`` (of the cap), ``floor_bound_bytes`` (the highest resident
+    floor under which one more largest call per stream still stays within ``headroom`` of
+    the cap: the ratchet watchdog's bound; with the computed cap it is the single call's
+    peak), ``watchdog_bound_bytes`` (``watchdog_bound`` when given, else the floor bound;
+    a given bound at or below the pinned weights is refused: the watchdog would restart the
+    server on every run) and ``within_calibration`` (false when the
     guards lie outside the measured 20..64 rows and 332..640 tokens: the model then
     extrapolates).  A given ``memory_limit`` that cannot hold the worst sequence within
     ``headroom`` is refused, naming the variables, their values, the need and the fix.
@@ -295,10 +314,18 @@ def retrieval_memory_plan(
     share = _headroom(headroom)
     given = _limit(memory_limit)
 
+    bound = None if watchdog_bound is None else _size(watchdog_bound, _WATCHDOG_VARIABLE)
+    if bound is not None and bound <= BASELINE_BYTES:
+        raise RetrievalError(
+            f"{_WATCHDOG_VARIABLE}: {human_size(bound)} is at or below the pinned weights "
+            f"({human_size(BASELINE_BYTES)}), so the watchdog would restart the server on every "
+            f"run; give more, or null for the plan's bound"
+        )
     call = call_bytes(chunks, positions)
     worst = _worst(chunks, positions, streams)
     required = _ceil_mib(worst / share)
     limit = required if given is None else given
+    floor_bound = math.floor(share * limit) - streams * call
     if given is not None and not _fits(chunks, positions, streams, share, given):
         raise RetrievalError(_refusal(chunks, positions, streams, share, given, required))
     return {
@@ -314,6 +341,8 @@ def retrieval_memory_plan(
         "memory_limit_bytes": limit,
         "memory_limit_computed": given is None,
         "worst_sequence_fraction": round(worst / limit, 4),
+        "floor_bound_bytes": floor_bound,
+        "watchdog_bound_bytes": floor_bound if bound is None else bound,
         "within_calibration": (
             CALIBRATED_ROWS[0] <= chunks <= CALIBRATED_ROWS[1]
             and CALIBRATED_TOKENS[0] <= positions <= CALIBRATED_TOKENS[1]
@@ -830,3 +859,185 @@ def retrieval_graph_guards(
     for offset, _order, length, replacement in sorted(edits, reverse=True):
         result = result[:offset] + replacement + result[offset + length :]
     return result
+
+
+# --------------------------------------------------------------------------- graph settings
+
+
+def _all_option_blocks(root: _Message) -> Iterator[tuple[str, _Message]]:
+    """Every calculator node's options blocks (any options type), with the node's label."""
+    for index, item in enumerate(entry for entry in root.fields if entry.name == "node"):
+        if item.message is None:
+            continue
+        calculator = _calculator(item.message) or f"node #{index + 1}"
+        for option in item.message.fields:
+            if option.name in {"node_options", "options"} and option.message is not None:
+                for inner in option.message.fields:
+                    if inner.message is not None and inner.name.startswith("["):
+                        yield calculator, inner.message
+
+
+def _string_field(block: _Message, name: str) -> str | None:
+    for item in block.fields:
+        if item.name == name and item.scalar and item.scalar[0].kind == "string":
+            return _unquote(item.scalar)
+    return None
+
+
+def retrieval_graph_settings_check(
+    text: object, num_streams: object = DEFAULT_NUM_STREAMS, target_device: object = "GPU"
+) -> list[str]:
+    """What is wrong with a ``graph.pbtxt``'s device and streams; empty when both are right.
+
+    ``export_model.py`` bakes ``target_device`` and ``plugin_config``'s ``NUM_STREAMS`` into
+    every graph at export time, so the server's device and its streams are read from the
+    graphs, not set at run time.  Each calculator's options block must name
+    ``target_device`` (``GPU`` or ``CPU``: a CPU export given as the card's tree serves on the
+    CPU without a word) and carry ``NUM_STREAMS`` equal to ``num_streams``
+    (``retrieval_num_streams``), which the memory plan assumes: each stream holds its own
+    pinned pools.
+    """
+    streams = _streams(num_streams)
+    if target_device not in ("GPU", "CPU"):
+        raise RetrievalError(f"target_device: got {target_device!r}; give 'GPU' or 'CPU'")
+    try:
+        root = _Parser(text).document() if isinstance(text, str) else None
+    except _ParseError as err:
+        return [f"graph: cannot read it as protobuf text: {err}"]
+    if root is None:
+        kind = "null" if text is None else type(text).__name__
+        raise RetrievalTypeError(
+            f"graph: expected the text of a graph.pbtxt (a string), got {kind}"
+        )
+    blocks = list(_all_option_blocks(root))
+    if not blocks:
+        return ["graph: no calculator options block (target_device, plugin_config); re-export it"]
+    problems: list[str] = []
+    for calculator, block in blocks:
+        device = _string_field(block, "target_device")
+        if device != target_device:
+            problems.append(
+                f"graph: {calculator}: target_device is {device!r}, expected {target_device!r}; "
+                f"this tree was exported for another device: give the {target_device.lower()}/ "
+                "tree of the export"
+            )
+        config = _string_field(block, "plugin_config")
+        try:
+            parsed = json.loads(config) if config is not None else {}
+        except ValueError:
+            problems.append(f"graph: {calculator}: plugin_config is not JSON: {config!r}")
+            continue
+        found = parsed.get("NUM_STREAMS") if isinstance(parsed, dict) else None
+        if found is None:
+            problems.append(
+                f"graph: {calculator}: plugin_config sets no NUM_STREAMS, so the device plugin "
+                f"chooses (each stream holds its own pinned pools); re-export with "
+                f"--num_streams {streams} ({_NUM_STREAMS_VARIABLE})"
+            )
+        elif str(found).strip() != str(streams):
+            problems.append(
+                f"graph: {calculator}: NUM_STREAMS is {found!r}, but {_NUM_STREAMS_VARIABLE} is "
+                f"{streams} (the memory plan's assumption); re-export with --num_streams "
+                f"{streams}, or set {_NUM_STREAMS_VARIABLE} to {found}"
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------- the probe
+
+NOISE_SCORE = 1e-6  # an LLM-style reranker in a cross-encoder slot scores about 1e-9..1e-12
+MIN_SEPARATION = 0.1
+
+
+def retrieval_rerank_probe(
+    response: object, relevant_index: object, documents: object
+) -> list[str]:
+    """What is wrong with the answer to the role's fixed rerank probe; empty when it ranks.
+
+    The probe sends one relevant document and several unrelated ones.  A reranker that works
+    as a cross-encoder puts the relevant one first with a clear margin.  Refused: an answer
+    that is not ``{"results": [{"index", "relevance_score"}]}`` for every document; every
+    score below ``1e-6`` (an LLM-style reranker pressed into a cross-encoder slot answers
+    1e-9..1e-12 for all); the relevant document not first; a margin over the next below 0.1.
+    """
+    if not isinstance(documents, int) or isinstance(documents, bool) or documents < 2:
+        raise RetrievalError(f"documents: got {documents!r}; the probe sends 2 or more")
+    if not isinstance(relevant_index, int) or not 0 <= relevant_index < documents:
+        raise RetrievalError(f"relevant_index: got {relevant_index!r}; give 0..{documents - 1}")
+    results = response.get("results") if isinstance(response, dict) else None
+    if not isinstance(results, list):
+        return [f"the answer has no results list: {str(response)[:200]}"]
+    scores: dict[int, float] = {}
+    for item in results:
+        index = item.get("index") if isinstance(item, dict) else None
+        score = item.get("relevance_score") if isinstance(item, dict) else None
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not isinstance(score, (int, float))
+            or isinstance(score, bool)
+            or not math.isfinite(score)
+        ):
+            return [f"a result is not {{index, relevance_score}}: {str(item)[:200]}"]
+        scores[index] = float(score)
+    if sorted(scores) != list(range(documents)):
+        return [f"the results score documents {sorted(scores)}, expected 0..{documents - 1}"]
+    ranked = sorted(scores, key=lambda i: -scores[i])
+    shown = ", ".join(f"{i}: {scores[i]:.3g}" for i in ranked)
+    if max(scores.values()) < NOISE_SCORE:
+        return [
+            f"every score is below {NOISE_SCORE:g} ({shown}): a ranking made of noise, the "
+            "signature of an LLM-style reranker in a cross-encoder slot; serve a cross-encoder "
+            "(bge-reranker-v2-m3 exported with export_model.py rerank_ov)"
+        ]
+    problems: list[str] = []
+    if ranked[0] != relevant_index:
+        problems.append(
+            f"the relevant document {relevant_index} is not first (scores by rank: {shown})"
+        )
+    else:
+        margin = scores[ranked[0]] - scores[ranked[1]]
+        if margin < MIN_SEPARATION:
+            problems.append(
+                f"the relevant document leads by {margin:.3g}, less than {MIN_SEPARATION}: no "
+                f"separation (scores by rank: {shown})"
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------- the reservation
+
+RESERVATION_NAME = "retrieval"
+
+
+def retrieval_reservation_check(reservations: object, plan: object) -> list[str]:
+    """What is wrong with the card's reservation for the tier; empty when it is honest.
+
+    On the card vLLM serves from, the tier's memory is a tenant vLLM must leave room for:
+    ``vllm_reservations`` needs an entry named ``retrieval`` of at least the plan's
+    ``worst_sequence_peak_bytes`` (the pinned weights plus the held pool and the next).
+    """
+    if not isinstance(plan, dict) or not isinstance(plan.get("worst_sequence_peak_bytes"), int):
+        raise RetrievalTypeError("plan: expected the result of retrieval_memory_plan")
+    need = int(plan["worst_sequence_peak_bytes"])
+    try:
+        tenants = parse_reservations(reservations)
+    except VllmTuningError as err:
+        raise _converted(err) from err
+    entry = (
+        f"{{name: {RESERVATION_NAME}, bytes: {math.ceil(need / MIB)}MiB}} (the tier's worst "
+        f"sequence, {human_size(need)}: the pinned weights and two rerank pools)"
+    )
+    mine = [item for item in tenants if item.name == RESERVATION_NAME]
+    if not mine:
+        return [
+            f"vllm_reservations has no entry named {RESERVATION_NAME}, but retrieval_device is "
+            f"card: vLLM would plan the tier's memory as its own. Add {entry}"
+        ]
+    held = sum(item.total for item in mine)
+    if held < need:
+        return [
+            f"vllm_reservations reserves {human_size(held)} for {RESERVATION_NAME}, less than "
+            f"the tier can hold; make it {entry}"
+        ]
+    return []

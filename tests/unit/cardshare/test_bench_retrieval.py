@@ -158,10 +158,9 @@ class FakeOVMS:
         docs = body["documents"]
         limit = self.max_allowed_chunks
         if len(docs) > limit:
-            message = (
-                f"exceeding max_allowed_chunks before chunking limit: {limit}; actual: {len(docs)}"
-            )
-            return 400, json.dumps({"error": CHUNK_WRAP + "Chunking failed: " + message}).encode()
+            # PrepareInputsForRerankModel refuses before chunking (OVMS source, 7e4df0c7)
+            message = "Number of documents exceeds max_allowed_chunks"
+            return 400, json.dumps({"error": CHUNK_WRAP + message}).encode()
         space = self.max_position_embeddings - len(body["query"].split()) - 4
         chunks = sum(math.ceil(len(d.split()) / space) for d in docs)
         if chunks > limit:

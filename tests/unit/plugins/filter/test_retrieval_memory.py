@@ -142,6 +142,8 @@ DEFAULT_PLAN = {
     "memory_limit_bytes": 14668 * MIB,
     "memory_limit_computed": True,
     "worst_sequence_fraction": 0.7,
+    "floor_bound_bytes": 6301520194,  # 0.7 x the cap - one largest call: 5.87 GiB
+    "watchdog_bound_bytes": 6301520194,
     "within_calibration": True,
 }
 
@@ -372,7 +374,10 @@ def test_filter_names() -> None:
     assert sorted(FILTERS) == [
         "retrieval_graph_guards",
         "retrieval_graph_guards_check",
+        "retrieval_graph_settings_check",
         "retrieval_memory_plan",
+        "retrieval_rerank_probe",
+        "retrieval_reservation_check",
     ]
 
 

@@ -1172,3 +1172,71 @@ def test_the_child_holds_one_chunk_not_the_file(tmp_path: Path) -> None:
     assert rc == 0
     assert tree(tmp_path / "models") == tree(src)
     assert peak_kib * 1024 < RUNTIME_ALLOWANCE + options.chunk_size
+
+
+# --- overrides (a rerank graph with its guards) ---------------------------------------------
+
+
+def test_an_override_is_written_instead_and_marked_with_its_own_hash(
+    trees: tuple[Path, Path],
+) -> None:
+    src, dest = trees
+    graph = f"{RERANK}/graph.pbtxt"
+    guarded = (src / graph).read_text() + "# guarded\n"
+    result = seed(opts(src, dest, overrides={graph: guarded}))
+    assert result["changed"] is True
+    assert (dest / graph).read_text() == guarded
+    assert (src / graph).read_text() != guarded  # src is never written
+    files = {f["path"]: f for f in marker_of(dest)["files"]}
+    assert files[graph]["sha256"] == hashlib.sha256(guarded.encode()).hexdigest()
+    assert files[graph]["size"] == len(guarded.encode())
+
+    again = seed(opts(src, dest, overrides={graph: guarded}))
+    assert again["changed"] is False
+
+    # another guard value rewrites that file alone, at the same revision
+    changed = seed(opts(src, dest, overrides={graph: guarded + "# 32\n"}))
+    assert changed["plan"] == {"add": [], "replace": [graph], "remove": []}
+    assert (dest / graph).read_text() == guarded + "# 32\n"
+
+    # without the override the export's own graph comes back
+    plain = seed(opts(src, dest))
+    assert plain["plan"]["replace"] == [graph]
+    assert (dest / graph).read_bytes() == (src / graph).read_bytes()
+
+
+def test_a_tampered_override_is_repaired(trees: tuple[Path, Path]) -> None:
+    src, dest = trees
+    graph = f"{RERANK}/graph.pbtxt"
+    seed(opts(src, dest, overrides={graph: "guarded\n"}))
+    (dest / graph).write_text("someone's edit\n")
+    result = seed(opts(src, dest, overrides={graph: "guarded\n"}))
+    assert result["plan"]["replace"] == [graph]
+    assert (dest / graph).read_text() == "guarded\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"nope/graph.pbtxt": "x"}, "src holds no file nope/graph.pbtxt"),
+        ({"../graph.pbtxt": "x"}, "is not a file's relative path"),
+        ({"/abs/graph.pbtxt": "x"}, "is not a file's relative path"),
+        ({DEFAULT_MARKER: "x"}, "is not a file's relative path"),
+        ({f"{RERANK}/graph.pbtxt": 3}, "give text"),
+        (["graph.pbtxt"], "give a mapping"),
+    ],
+)
+def test_bad_overrides_are_refused_before_anything_changes(
+    trees: tuple[Path, Path], overrides: Any, message: str
+) -> None:
+    src, dest = trees
+    with pytest.raises(SeedError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        seed(opts(src, dest, overrides=overrides))
+    assert not dest.exists()
+
+
+def test_overrides_reach_the_bounded_child(trees: tuple[Path, Path]) -> None:
+    src, dest = trees
+    graph = f"{RERANK}/graph.pbtxt"
+    argv = child_argv(sys.executable, opts(src, dest, overrides={graph: "g\n"}))
+    assert json.loads(argv[-1])["options"]["overrides"] == {graph: "g\n"}

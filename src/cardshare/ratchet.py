@@ -1,0 +1,899 @@
+"""``cardshare ratchet``: restart OpenVINO Model Server when its resident floor passes a bound.
+
+The reranker's memory never comes back: the pool OpenVINO allocates on the GPU grows to the
+largest request served since the server started and stays there, so the resident floor
+ratchets up request after request, and only a restart returns it to the baseline.  One run of
+this watchdog (a hardened systemd timer runs it once a minute, like the recorder's scan):
+
+1. finds the server's container by its compose labels (:mod:`cardshare.docker_api`); none, or
+   not running: nothing to do (``up`` 0, exit 0);
+2. reads its resident memory, by ``source``:
+
+   ``cgroup`` (integrated GPU: pinned GPU memory is shmem-backed host memory, unevictable in
+   the container's cgroup)
+       ``shmem`` of ``<root>/sys/fs/cgroup<path>/memory.stat``, ``<path>`` from the ``0::``
+       line of ``<root>/proc/<State.Pid>/cgroup`` (cgroup v2 only); ``unevictable`` and
+       ``anon`` are exported beside it;
+   ``fdinfo`` (discrete card)
+       the resident VRAM (:attr:`cardshare.fdinfo.FdInfo.vram_bytes`: ``drm-resident-vram0``,
+       else ``drm-memory-vram0``, over every VRAM region) of the DRM clients found under
+       ``<root>/proc`` (:func:`cardshare.procscan.scan_proc`) whose naming process
+       (:func:`cardshare.naming.naming_pid`, as the recorder attributes a client) is in this
+       container's cgroup;
+
+3. reads the requests in flight from the server's ``/metrics`` (``--metrics_enable``):
+   ``ovms_current_requests`` (models) plus ``ovms_current_graphs`` (MediaPipe graphs, which
+   serve ``/v3/rerank`` and ``/v3/embeddings``).  Unreachable, an error status, no answer
+   within :data:`METRICS_TIMEOUT_SECONDS`, a text that is not a valid exposition, or one that
+   names neither family: in flight is *unknown*;
+4. decides (:func:`decide`): at or under the bound nothing happens; over it, with nothing in
+   flight, the container is restarted through the Engine API (``--stop-timeout`` seconds of
+   SIGTERM before SIGKILL) and the restart is proven by a new ``State.StartedAt`` (a restart
+   that restarted nothing is an error); over it with requests in flight, or in flight unknown,
+   the restart is deferred to the next run and the deferral counted by reason.  ``dry_run``
+   decides and logs, and never restarts.
+
+Each run prints one line (journald) saying what it read and why it acted, and after a restart
+``restarted: StartedAt <old> -> <new>``.  It keeps its counters in ``<state-dir>/ratchet.json``
+and writes a Prometheus textfile (both replaced atomically, :mod:`cardshare.atomicfile`):
+
+``cardshare_retrieval_watchdog_up``
+    1 when the container was found running and its resident memory read;
+``cardshare_retrieval_watchdog_last_run_timestamp_seconds``
+``cardshare_retrieval_resident_bytes{source}``
+    absent when it could not be read;
+``cardshare_retrieval_cgroup_memory_stat_bytes{key}``
+    ``shmem``, ``unevictable``, ``anon`` (source ``cgroup`` only);
+``cardshare_retrieval_resident_bound_bytes``
+``cardshare_retrieval_in_flight``
+    absent (never NaN) when unknown or not read;
+``cardshare_retrieval_restarts_total``
+``cardshare_retrieval_restart_deferrals_total{reason="in_flight|in_flight_unknown"}``
+``cardshare_retrieval_last_restart_timestamp_seconds``
+    absent before the first restart.
+
+Exit status: 0 when the run did its job (nothing to do, a deferral, a proven restart, no
+container); 1 with one line on stderr when the Engine API fails, the resident memory cannot be
+read (the message names the file), a restart restarted nothing, or an output cannot be written.
+
+Standard library only: the recorder's zipapp packs this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from cardshare import atomicfile
+from cardshare.docker_api import (
+    COMPOSE_PROJECT_LABEL,
+    COMPOSE_SERVICE_LABEL,
+    ContainerSummary,
+    DockerClient,
+    DockerError,
+)
+from cardshare.naming import naming_pid
+from cardshare.procscan import IsDrm, is_drm_char_device, scan_proc
+
+__all__ = [
+    "DEFER_REASONS",
+    "IN_FLIGHT_METRICS",
+    "METRICS_TIMEOUT_SECONDS",
+    "STATE_FILE",
+    "Decision",
+    "Exposition",
+    "RatchetConfig",
+    "RatchetError",
+    "Sample",
+    "cgroup_v2_path",
+    "decide",
+    "fetch_in_flight",
+    "in_flight_of",
+    "parse_exposition",
+    "parse_memory_stat",
+    "read_cgroup_memory",
+    "read_fdinfo_resident",
+    "render_metrics",
+    "run",
+]
+
+Source = Literal["cgroup", "fdinfo"]
+
+STATE_FILE = "ratchet.json"
+LOCK_FILE = "ratchet.lock"
+STATE_VERSION = 1
+#: How long ``/metrics`` may take to answer before in flight is unknown.
+METRICS_TIMEOUT_SECONDS = 5.0
+#: A larger ``/metrics`` answer is not read (in flight unknown).
+METRICS_MAX_BYTES = 8 * 1024 * 1024
+#: The gauges of OpenVINO Model Server whose sum is the work in flight (docs/metrics.md).
+IN_FLIGHT_METRICS = ("ovms_current_requests", "ovms_current_graphs")
+DEFER_REASONS = ("in_flight", "in_flight_unknown")
+#: The keys of the cgroup's ``memory.stat`` exported; ``shmem`` is the resident figure.
+MEMORY_STAT_KEYS = ("shmem", "unevictable", "anon")
+_ONEOFF_LABEL = "com.docker.compose.oneoff"
+
+
+class RatchetError(Exception):
+    """A run that cannot do its job: one line naming what failed (exit 1)."""
+
+
+# -- reading the resident memory ------------------------------------------------------------
+
+
+def cgroup_v2_path(text: str) -> str | None:
+    """The path of the ``0::<path>`` line of a ``/proc/<pid>/cgroup`` text (cgroup v2), or None
+    when there is none (a cgroup v1 host)."""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
+    return None
+
+
+def parse_memory_stat(text: str) -> dict[str, int]:
+    """``memory.stat`` of a cgroup (``<key> <bytes>`` per line) as a dict.
+
+    Raises ``ValueError`` naming the first line that is not a key and a count.
+    """
+    out: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            raise ValueError(f"line {number} is not '<key> <count>': {line[:80]!r}")
+        out[parts[0]] = int(parts[1])
+    return out
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise RatchetError(f"cannot read {what} {path}: no such file") from None
+    except (OSError, UnicodeError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise RatchetError(f"cannot read {what} {path}: {detail}") from None
+
+
+def read_cgroup_memory(root: str, pid: int) -> dict[str, int]:
+    """``memory.stat`` of the cgroup (v2) of process ``pid``, both files read under ``root``.
+
+    Raises :class:`RatchetError` naming the file: missing or unreadable, no ``0::`` line
+    (cgroup v1), the root cgroup (a hybrid host: the memory controller is on v1), or a
+    ``memory.stat`` without ``shmem``.
+    """
+    cgroup_file = os.path.join(root, "proc", str(pid), "cgroup")
+    path = cgroup_v2_path(_read_text(cgroup_file, "the server's cgroup file"))
+    if path is None:
+        raise RatchetError(
+            f"{cgroup_file} has no cgroup v2 line (0::<path>): a cgroup v1 host; "
+            "--source cgroup needs cgroup v2 (or use --source fdinfo)"
+        )
+    parts = path.split("/")
+    if not path.startswith("/") or ".." in parts:
+        raise RatchetError(f"{cgroup_file} names the cgroup {path!r}: not an absolute path")
+    if path == "/":
+        raise RatchetError(
+            f"{cgroup_file} places the server in the root cgroup (0::/): a hybrid cgroup host "
+            "keeps the memory controller on v1; --source cgroup needs cgroup v2"
+        )
+    stat_file = os.path.join(root, "sys", "fs", "cgroup", path.lstrip("/"), "memory.stat")
+    text = _read_text(stat_file, "the server's cgroup memory.stat")
+    try:
+        stat = parse_memory_stat(text)
+    except ValueError as exc:
+        raise RatchetError(f"cannot parse {stat_file}: {exc}") from None
+    if "shmem" not in stat:
+        raise RatchetError(f"{stat_file} has no shmem line")
+    return stat
+
+
+def read_fdinfo_resident(
+    root: str, container_id: str, is_drm: IsDrm = is_drm_char_device
+) -> tuple[int, int]:
+    """``(resident VRAM bytes, DRM clients)`` of the container ``container_id``: the DRM
+    clients under ``<root>/proc`` whose naming process is in that container (each client
+    counted once, whichever of its descriptors and processes were read)."""
+    try:
+        scan = scan_proc(root, is_drm, every_holder=True)
+    except OSError as exc:
+        where = os.path.join(root, "proc")
+        raise RatchetError(f"cannot scan {where}: {exc.strerror or exc}") from None
+    total = 0
+    clients = 0
+    for client in scan.clients.values():
+        proc = scan.processes.get(naming_pid(client.pids, scan.processes))
+        if proc is None:
+            continue
+        if proc.container is not None and proc.container.id == container_id:
+            total += client.fdinfo.vram_bytes
+            clients += 1
+    return total, clients
+
+
+# -- the requests in flight -----------------------------------------------------------------
+
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_VALUE_RE = re.compile(
+    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf)|NaN|nan"
+)
+_TIMESTAMP_RE = re.compile(r"-?[0-9]+")
+_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Exposition:
+    """A parsed Prometheus text exposition: the ``# TYPE`` of each family and the samples."""
+
+    types: dict[str, str]
+    samples: tuple[Sample, ...]
+
+
+def _blanks(line: str, pos: int) -> int:
+    """The position of the first character at or after ``pos`` that is not a blank or tab."""
+    while pos < len(line) and line[pos] in " \t":
+        pos += 1
+    return pos
+
+
+def _labels(line: str, pos: int, number: int) -> tuple[dict[str, str], int]:
+    """Parse ``{name="value",...}`` from ``pos`` (just after ``{``); returns the labels and
+    the position after ``}``."""
+    labels: dict[str, str] = {}
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"line {number}: {what} at column {pos + 1}: {line[:120]!r}")
+
+    while True:
+        pos = _blanks(line, pos)
+        if pos < len(line) and line[pos] == "}":
+            return labels, pos + 1
+        found = _LABEL_NAME_RE.match(line, pos)
+        if found is None:
+            raise bad("expected a label name")
+        name = found.group()
+        pos = found.end()
+        pos = _blanks(line, pos)
+        if line[pos : pos + 1] != "=":
+            raise bad(f"expected = after label {name}")
+        pos = _blanks(line, pos + 1)
+        if line[pos : pos + 1] != '"':
+            raise bad(f"expected the quoted value of label {name}")
+        pos += 1
+        value: list[str] = []
+        while True:
+            if pos >= len(line):
+                raise bad(f"unterminated value of label {name}")
+            char = line[pos]
+            if char == '"':
+                pos += 1
+                break
+            if char == "\\":
+                escaped = _ESCAPES.get(line[pos + 1 : pos + 2])
+                if escaped is None:
+                    raise bad(f"bad escape in the value of label {name}")
+                value.append(escaped)
+                pos += 2
+                continue
+            value.append(char)
+            pos += 1
+        if name in labels:
+            raise bad(f"label {name} given twice")
+        labels[name] = "".join(value)
+        pos = _blanks(line, pos)
+        if pos < len(line) and line[pos] == ",":
+            pos += 1
+            continue
+        if pos < len(line) and line[pos] == "}":
+            return labels, pos + 1
+        raise bad("expected , or }")
+
+
+def _sample(line: str, number: int) -> Sample:
+    found = _METRIC_NAME_RE.match(line)
+    if found is None:
+        raise ValueError(f"line {number}: not a metric name: {line[:120]!r}")
+    name = found.group()
+    pos = found.end()
+    labels: dict[str, str] = {}
+    after_name = _blanks(line, pos)
+    if line[after_name : after_name + 1] == "{":
+        labels, pos = _labels(line, after_name + 1, number)
+    rest = line[pos:]
+    if not rest[:1] or rest[:1] not in " \t":
+        raise ValueError(f"line {number}: expected a space and a value: {line[:120]!r}")
+    # blanks are spaces and tabs only: a carriage return is part of the value (and refused)
+    fields = re.split(r"[ \t]+", rest.strip(" \t"))
+    if not 1 <= len(fields) <= 2 or _VALUE_RE.fullmatch(fields[0]) is None:
+        raise ValueError(f"line {number}: expected a value [timestamp]: {line[:120]!r}")
+    if len(fields) == 2 and _TIMESTAMP_RE.fullmatch(fields[1]) is None:
+        raise ValueError(f"line {number}: bad timestamp: {line[:120]!r}")
+    return Sample(name, labels, float(fields[0]))
+
+
+def parse_exposition(text: str) -> Exposition:
+    """Parse the Prometheus text format (0.0.4) strictly: every line is a comment, a
+    ``# HELP``/``# TYPE`` of a valid name (a family typed twice is an error) or a sample
+    ``name{labels} value [timestamp]``; anything else raises ``ValueError`` naming the line."""
+    types: dict[str, str] = {}
+    samples: list[Sample] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line[1:].split(None, 3)
+            if len(parts) < 2 or parts[0] not in ("HELP", "TYPE"):
+                continue  # a plain comment
+            if _METRIC_NAME_RE.fullmatch(parts[1]) is None:
+                raise ValueError(f"line {number}: bad metric name {parts[1]!r}")
+            if parts[0] == "TYPE":
+                if len(parts) != 3 or parts[2] not in _TYPES:
+                    raise ValueError(f"line {number}: bad TYPE line: {line[:120]!r}")
+                if parts[1] in types:
+                    raise ValueError(f"line {number}: {parts[1]} typed twice")
+                types[parts[1]] = parts[2]
+            continue
+        samples.append(_sample(line, number))
+    return Exposition(types, tuple(samples))
+
+
+def in_flight_of(exposition: Exposition) -> float:
+    """``ovms_current_requests`` plus ``ovms_current_graphs``, all series summed.
+
+    At least one of the two families must be there (typed, or with samples): a server that
+    exports neither (metrics off, or a ``--metrics_list`` without them) cannot say it is idle.
+    Raises ``ValueError`` when neither is there, one is typed as something else than a gauge,
+    or a value is not a finite number of 0 or more.
+    """
+    sampled = {s.name for s in exposition.samples}
+    present = [n for n in IN_FLIGHT_METRICS if n in exposition.types or n in sampled]
+    if not present:
+        raise ValueError(
+            "the metrics name neither ovms_current_requests nor ovms_current_graphs "
+            "(is the server started with --metrics_enable, and --metrics_list, if given, "
+            "listing them?)"
+        )
+    for name in present:
+        kind = exposition.types.get(name, "gauge")
+        if kind not in ("gauge", "untyped"):
+            raise ValueError(f"{name} is a {kind}, not a gauge")
+    total = 0.0
+    for sample in exposition.samples:
+        if sample.name not in IN_FLIGHT_METRICS:
+            continue
+        if not math.isfinite(sample.value) or sample.value < 0:
+            raise ValueError(f"{sample.name}{sample.labels} is {sample.value}")
+        total += sample.value
+    return total
+
+
+def fetch_in_flight(
+    base_url: str, timeout: float = METRICS_TIMEOUT_SECONDS
+) -> tuple[float | None, str]:
+    """``(in flight, "")`` from ``<base_url>/metrics``, or ``(None, why)`` when it is unknown:
+    no answer (refused, timed out after ``timeout`` seconds), an error status, a body that is
+    too large, not UTF-8 or not a valid exposition (:func:`in_flight_of`).  Never raises."""
+    # imported here: the recorder's scan stays light
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/") + "/metrics"
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    # no proxy from the environment: the server is local
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    try:
+        with opener.open(request, timeout=timeout) as resp:
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                chunk = resp.read(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > METRICS_MAX_BYTES:
+                    return None, f"GET {url}: the answer is larger than {METRICS_MAX_BYTES} bytes"
+                if time.monotonic() > deadline:
+                    raise TimeoutError("timed out")
+                chunks.append(chunk)
+            body = b"".join(chunks)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return None, f"GET {url} answered {exc.code}"
+    except urllib.error.URLError as exc:
+        return None, f"GET {url}: {_no_answer(exc.reason, timeout)}"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return None, f"GET {url}: {_no_answer(exc, timeout)}"
+    try:
+        return in_flight_of(parse_exposition(body.decode("utf-8"))), ""
+    except UnicodeDecodeError:
+        return None, f"GET {url}: the answer is not UTF-8 text"
+    except ValueError as exc:
+        return None, f"GET {url}: not a usable exposition: {exc}"
+
+
+def _no_answer(reason: object, timeout: float) -> str:
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+# -- the decision ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """``none`` (at or under the bound), ``restart``, or ``defer`` with its ``reason``."""
+
+    action: Literal["none", "restart", "defer"]
+    reason: str | None = None
+
+
+def decide(resident: int, bound: int, in_flight: float | None) -> Decision:
+    """Pure: restart only over the bound and only when nothing is known to be in flight."""
+    if resident <= bound:
+        return Decision("none")
+    if in_flight is None:
+        return Decision("defer", "in_flight_unknown")
+    if in_flight > 0:
+        return Decision("defer", "in_flight")
+    return Decision("restart")
+
+
+# -- state and metrics ----------------------------------------------------------------------
+
+
+def _fresh_state() -> dict[str, Any]:
+    return {
+        "version": STATE_VERSION,
+        "restarts_total": 0,
+        "deferrals_total": dict.fromkeys(DEFER_REASONS, 0),
+        "last_restart": None,
+        "last_resident_bytes": None,
+        "last_resident_source": None,
+        "last_run": None,
+        "container_id": None,
+    }
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _time(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def load_state(path: Path) -> tuple[dict[str, Any], str]:
+    """The state in ``path`` (fresh when missing), and a warning when it was unusable (its
+    counters then start again from 0, which Prometheus takes as a counter reset)."""
+    state = _fresh_state()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return state, ""
+    except (OSError, UnicodeError, ValueError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return state, f"state {path} unreadable ({detail}): counters start again from 0"
+    deferrals = doc.get("deferrals_total") if isinstance(doc, dict) else None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("version") != STATE_VERSION
+        or not _count(doc.get("restarts_total"))
+        or not isinstance(deferrals, dict)
+        or not all(_count(deferrals.get(r, 0)) for r in DEFER_REASONS)
+        or not _time(doc.get("last_restart"))
+    ):
+        return state, f"state {path} is not a ratchet state: counters start again from 0"
+    state.update({k: v for k, v in doc.items() if k in state})
+    state["deferrals_total"] = {r: int(deferrals.get(r, 0)) for r in DEFER_REASONS}
+    return state, ""
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value)):
+        return str(int(value))
+    return repr(float(value))
+
+
+# (name, type, help); counters end in ``_total``.
+_METRICS = (
+    (
+        "cardshare_retrieval_watchdog_up",
+        "gauge",
+        "1 when the last watchdog run found the server's container running and read its "
+        "resident memory.",
+    ),
+    (
+        "cardshare_retrieval_watchdog_last_run_timestamp_seconds",
+        "gauge",
+        "Time of the last watchdog run (Unix seconds).",
+    ),
+    (
+        "cardshare_retrieval_resident_bytes",
+        "gauge",
+        "Resident memory of the server: its cgroup's shmem (source cgroup) or its DRM "
+        "clients' resident VRAM (source fdinfo).",
+    ),
+    (
+        "cardshare_retrieval_cgroup_memory_stat_bytes",
+        "gauge",
+        "memory.stat of the server's cgroup (source cgroup): shmem, unevictable, anon.",
+    ),
+    (
+        "cardshare_retrieval_resident_bound_bytes",
+        "gauge",
+        "Resident memory above which the watchdog restarts the server when it is idle.",
+    ),
+    (
+        "cardshare_retrieval_in_flight",
+        "gauge",
+        "Requests and MediaPipe graphs in process (ovms_current_requests + "
+        "ovms_current_graphs); absent when unknown.",
+    ),
+    (
+        "cardshare_retrieval_restarts_total",
+        "counter",
+        "Restarts of the server by the watchdog, each proven by a new State.StartedAt.",
+    ),
+    (
+        "cardshare_retrieval_restart_deferrals_total",
+        "counter",
+        "Runs over the bound that did not restart: requests in flight, or in flight unknown.",
+    ),
+    (
+        "cardshare_retrieval_last_restart_timestamp_seconds",
+        "gauge",
+        "Time of the watchdog's last restart of the server (Unix seconds).",
+    ),
+)
+
+
+def render_metrics(
+    state: Mapping[str, Any],
+    *,
+    now: float,
+    up: bool,
+    bound: int,
+    source: str,
+    resident: int | None,
+    memory_stat: Mapping[str, int],
+    in_flight: float | None,
+) -> str:
+    """The Prometheus textfile of one run (the text format the recorder writes)."""
+    samples: dict[str, list[str]] = {name: [] for name, _, _ in _METRICS}
+    samples["cardshare_retrieval_watchdog_up"].append(f" {int(up)}")
+    samples["cardshare_retrieval_watchdog_last_run_timestamp_seconds"].append(f" {now:.3f}")
+    if resident is not None:
+        samples["cardshare_retrieval_resident_bytes"].append(
+            f'{{source="{_label(source)}"}} {resident}'
+        )
+    for key in MEMORY_STAT_KEYS:
+        if key in memory_stat:
+            samples["cardshare_retrieval_cgroup_memory_stat_bytes"].append(
+                f'{{key="{key}"}} {memory_stat[key]}'
+            )
+    samples["cardshare_retrieval_resident_bound_bytes"].append(f" {bound}")
+    if in_flight is not None:
+        samples["cardshare_retrieval_in_flight"].append(f" {_number(in_flight)}")
+    samples["cardshare_retrieval_restarts_total"].append(f" {state['restarts_total']}")
+    for reason in DEFER_REASONS:
+        samples["cardshare_retrieval_restart_deferrals_total"].append(
+            f'{{reason="{reason}"}} {state["deferrals_total"][reason]}'
+        )
+    if state.get("last_restart") is not None:
+        samples["cardshare_retrieval_last_restart_timestamp_seconds"].append(
+            f" {float(state['last_restart']):.3f}"
+        )
+    lines: list[str] = []
+    for name, kind, help_text in _METRICS:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{sample}" for sample in samples[name])
+    return "\n".join(lines) + "\n"
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RatchetConfig:
+    """Everything one run needs (the CLI's options); the defaults are those of a real host."""
+
+    bound_bytes: int
+    source: Source
+    state_dir: Path
+    textfile: Path
+    project: str = "retrieval"
+    service: str = "ovms"
+    base_url: str = "http://127.0.0.1:8000"
+    docker_socket: str = "/var/run/docker.sock"
+    root: str = "/"
+    stop_timeout: int = 30
+    dry_run: bool = False
+    json: bool = False
+    metrics_timeout: float = METRICS_TIMEOUT_SECONDS
+    docker_timeout: float = 30.0
+    is_drm: IsDrm = is_drm_char_device
+    clock: Callable[[], float] = field(default=time.time)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def _flight_text(in_flight: float | None, why: str) -> str:
+    if in_flight is None:
+        return f"in flight unknown ({why})"
+    return f"{_number(in_flight)} in flight"
+
+
+@dataclass
+class _Run:
+    """What one run saw and did (the ``--json`` document)."""
+
+    project: str
+    service: str
+    source: str
+    bound_bytes: int
+    dry_run: bool
+    container_id: str | None = None
+    up: bool = False
+    resident_bytes: int | None = None
+    memory_stat: dict[str, int] = field(default_factory=dict)
+    drm_clients: int | None = None
+    in_flight: float | None = None
+    in_flight_error: str = ""
+    action: str = "none"
+    deferral_reason: str | None = None
+    started_at_before: str | None = None
+    started_at_after: str | None = None
+    error: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+
+@contextlib.contextmanager
+def _run_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path``; yields False when another run holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise RatchetError(f"cannot open lock file {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _pick(found: list[ContainerSummary], where: str) -> ContainerSummary | None:
+    """The service's container: one-off containers (``docker compose run``) are not it; of
+    several, the running one (two running is an error: which one would be restarted?)."""
+    candidates = [c for c in found if c.labels.get(_ONEOFF_LABEL, "False") != "True"]
+    running = [c for c in candidates if c.state == "running"]
+    if len(running) > 1:
+        ids = ", ".join(c.id[:12] for c in running)
+        raise RatchetError(f"{len(running)} running containers of {where} ({ids}): expected one")
+    if running:
+        return running[0]
+    return candidates[0] if candidates else None
+
+
+def _observe(config: RatchetConfig, docker: DockerClient, run: _Run) -> dict[str, Any] | None:
+    """Find the container and read its resident memory and the work in flight; returns its
+    inspect document, or None when there is nothing to watch."""
+    where = f"{config.project}/{config.service}"
+    found = docker.list_containers(
+        {COMPOSE_PROJECT_LABEL: config.project, COMPOSE_SERVICE_LABEL: config.service}
+    )
+    summary = _pick(found, where)
+    doc = docker.inspect_document(summary.id) if summary is not None else None
+    if summary is None or doc is None:
+        run.action = "not_found"
+        run.log(
+            f"ratchet: no container of {where} (labels {COMPOSE_PROJECT_LABEL}={config.project},"
+            f" {COMPOSE_SERVICE_LABEL}={config.service}): nothing to do"
+        )
+        return None
+    run.container_id = str(doc.get("Id") or summary.id)
+    raw_state = doc.get("State")
+    state: dict[str, Any] = raw_state if isinstance(raw_state, dict) else {}
+    run.started_at_before = str(state.get("StartedAt") or "")
+    if not state.get("Running"):
+        run.action = "not_running"
+        status = state.get("Status") or summary.state or "not running"
+        run.log(
+            f"ratchet: {where} (container {run.container_id[:12]}) is {status}, not running: "
+            "nothing to do"
+        )
+        return None
+    if config.source == "cgroup":
+        pid = state.get("Pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise RatchetError(
+                f"{where} (container {run.container_id[:12]}) runs but the Engine names no "
+                f"process (State.Pid {pid!r})"
+            )
+        run.memory_stat = {
+            k: v for k, v in read_cgroup_memory(config.root, pid).items() if k in MEMORY_STAT_KEYS
+        }
+        run.resident_bytes = run.memory_stat["shmem"]
+    else:
+        run.resident_bytes, run.drm_clients = read_fdinfo_resident(
+            config.root, run.container_id, config.is_drm
+        )
+    run.up = True
+    run.in_flight, run.in_flight_error = fetch_in_flight(config.base_url, config.metrics_timeout)
+    return doc
+
+
+def _act(config: RatchetConfig, docker: DockerClient, run: _Run, state: dict[str, Any]) -> int:
+    """Decide and act on what :func:`_observe` read; returns the exit status."""
+    assert run.resident_bytes is not None and run.container_id is not None
+    where = f"{config.project}/{config.service}"
+    who = f"{where} (container {run.container_id[:12]})"
+    what = (
+        f"ratchet: resident {_gib(run.resident_bytes)} "
+        f"{'>' if run.resident_bytes > config.bound_bytes else '<='} bound "
+        f"{_gib(config.bound_bytes)}, {_flight_text(run.in_flight, run.in_flight_error)}"
+    )
+    decision = decide(run.resident_bytes, config.bound_bytes, run.in_flight)
+    if decision.action == "none":
+        run.action = "under_bound"
+        run.log(f"{what}: nothing to do for {who}")
+        return 0
+    if decision.action == "defer":
+        assert decision.reason is not None
+        run.action = "defer"
+        run.deferral_reason = decision.reason
+        state["deferrals_total"][decision.reason] += 1
+        dry = " (dry run)" if config.dry_run else ""
+        run.log(f"{what}: deferring the restart of {who} to a later run{dry}")
+        return 0
+    if config.dry_run:
+        run.action = "would_restart"
+        run.log(f"{what}: would restart {who} (dry run: not restarting)")
+        return 0
+    run.action = "restart"
+    run.log(f"{what}: restarting {who}")
+    before = run.started_at_before or ""
+    try:
+        docker.restart(run.container_id, config.stop_timeout)
+        after_doc = docker.inspect_document(run.container_id)
+    except DockerError as exc:
+        raise RatchetError(f"restart of {who} failed: {exc}") from None
+    after_state = after_doc.get("State") if after_doc is not None else None
+    if not isinstance(after_state, dict):
+        raise RatchetError(f"restart of {who}: the container is gone after the restart")
+    after = str(after_state.get("StartedAt") or "")
+    run.started_at_after = after
+    if not after or after == before:
+        raise RatchetError(
+            f"restart of {who} was answered but State.StartedAt is still {before or '(empty)'}: "
+            "nothing restarted"
+        )
+    run.action = "restarted"
+    state["restarts_total"] += 1
+    state["last_restart"] = config.clock()
+    if not after_state.get("Running"):
+        status = after_state.get("Status") or "not running"
+        run.log(f"restarted: StartedAt {before} -> {after}, but it is {status} now")
+        raise RatchetError(f"{who} restarted (StartedAt {after}) and is {status} now")
+    run.log(f"restarted: StartedAt {before} -> {after}")
+    return 0
+
+
+def run(config: RatchetConfig, out: TextIO, err: TextIO) -> int:
+    """One run of the watchdog (see the module); returns the exit status."""
+    now = config.clock()
+    record = _Run(
+        project=config.project,
+        service=config.service,
+        source=config.source,
+        bound_bytes=config.bound_bytes,
+        dry_run=config.dry_run,
+    )
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        err.write(f"cardshare: error: cannot create {config.state_dir}: {exc.strerror or exc}\n")
+        return 1
+    try:
+        with _run_lock(config.state_dir / LOCK_FILE) as locked:
+            if not locked:
+                out.write(f"ratchet: another run holds {config.state_dir / LOCK_FILE}: skipped\n")
+                return 0
+            return _locked_run(config, record, now, out, err)
+    except RatchetError as exc:
+        err.write(f"cardshare: error: {exc}\n")
+        return 1
+
+
+def _locked_run(config: RatchetConfig, run: _Run, now: float, out: TextIO, err: TextIO) -> int:
+    state_path = config.state_dir / STATE_FILE
+    state, warning = load_state(state_path)
+    if warning:
+        err.write(f"ratchet: {warning}\n")
+    docker = DockerClient(config.docker_socket, timeout=config.docker_timeout)
+    code = 0
+    try:
+        if _observe(config, docker, run) is not None:
+            code = _act(config, docker, run, state)
+    except DockerError as exc:
+        run.error = f"Docker Engine API: {exc}"
+    except RatchetError as exc:
+        run.error = str(exc)
+    if run.error:
+        code = 1
+    state["last_run"] = now
+    state["container_id"] = run.container_id
+    if run.resident_bytes is not None:
+        state["last_resident_bytes"] = run.resident_bytes
+        state["last_resident_source"] = config.source
+    text = render_metrics(
+        state,
+        now=now,
+        up=run.up,
+        bound=config.bound_bytes,
+        source=config.source,
+        resident=run.resident_bytes,
+        memory_stat=run.memory_stat,
+        in_flight=run.in_flight,
+    )
+    try:
+        atomicfile.write_atomic(
+            state_path, (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
+        )
+    except OSError as exc:
+        raise RatchetError(f"cannot write {state_path}: {exc.strerror or exc}") from None
+    try:
+        atomicfile.write_atomic(config.textfile, text.encode(), make_parents=True)
+    except OSError as exc:
+        raise RatchetError(f"cannot write {config.textfile}: {exc.strerror or exc}") from None
+    if config.json:
+        doc = {k: v for k, v in vars(run).items() if k != "lines"}
+        doc["log"] = run.lines
+        doc["state"] = state
+        out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        out.write("".join(line + "\n" for line in run.lines))
+    out.flush()
+    if run.error:
+        err.write(f"cardshare: error: {run.error}\n")
+    return code
