@@ -41,6 +41,9 @@ class Config:
     card_data_max_age_seconds: float = 120.0
     llm_client_names: tuple[str, ...] = ()
     image_client_names: tuple[str, ...] = ()
+    # tenants that stay on the card through every swap (the retrieval tier): never a reason
+    # to hold a swap; their memory is planned as a reservation of the card
+    resident_client_names: tuple[str, ...] = ()
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
     poll_interval_seconds: float = 2.0
@@ -133,6 +136,7 @@ _KNOWN = (
         "card_scan_argv",
         "llm_client_names",
         "image_client_names",
+        "resident_client_names",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -198,6 +202,7 @@ def parse_config(raw: Any) -> Config:
         "card_scan_argv": _str_list(raw, "card_scan_argv"),
         "llm_client_names": _str_list(raw, "llm_client_names"),
         "image_client_names": _str_list(raw, "image_client_names"),
+        "resident_client_names": _str_list(raw, "resident_client_names"),
     }
     if raw.get("proxy_url") is not None:
         kwargs["proxy_url"] = _url(raw, "proxy_url")

@@ -192,8 +192,11 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
                 f"card data is {age:.0f} s old (max {config.card_data_max_age_seconds:g} s)"
                 " even after a fresh scan"
             )
-        # the arbiter's own containers are never foreign clients
-        for other in obs.card.others(config.llm_names + config.image_names):
+        # the arbiter's own containers and the card's residents (the retrieval tier, planned
+        # as a reservation) are never foreign clients
+        for other in obs.card.others(
+            config.llm_names + config.image_names + config.resident_client_names
+        ):
             blockers.append(
                 "another client is on the card: "
                 + describe_client(other.name, other.vram_bytes, other.busy_engines)

@@ -309,6 +309,41 @@ def test_should_swap_to_image(
     assert (decision.go, decision.reasons) == (go, reasons)
 
 
+def test_a_resident_tenant_never_holds_a_swap_and_a_foreign_one_still_does() -> None:
+    """The retrieval tier stays on the card through every swap (its memory is one of the
+    card's reservations): with it holding VRAM and busy, the swap goes; with the same client
+    not named resident, it is foreign and holds the swap."""
+    retrieval = CardClient("retrieval/ovms", 2 * 1024**3, ("ccs",))
+    card = CardView(NOW, (*FRESH_CARD.clients, retrieval))
+    resident = make_config(
+        Path("/nonexistent"),
+        card_data_max_age_seconds=120.0,
+        resident_client_names=("retrieval/ovms",),
+    )
+    decision = should_swap_to_image(obs(card=card), resident, NOW)
+    assert decision.go, decision.reasons
+    foreign = make_config(Path("/nonexistent"), card_data_max_age_seconds=120.0)
+    decision = should_swap_to_image(obs(card=card), foreign, NOW)
+    assert not decision.go
+    assert decision.reasons[0].startswith("another client is on the card: retrieval/ovms")
+
+
+def test_resident_client_names_are_read_and_checked() -> None:
+    base = {
+        "data_dir": "/d",
+        "card_current_json": "/c.json",
+        "token_file": "/t",
+        "vllm_url": "http://127.0.0.1:8000",
+        "comfyui_url": "http://127.0.0.1:8188",
+        "served_model_name": "m",
+    }
+    assert parse_config(base).resident_client_names == ()
+    config = parse_config({**base, "resident_client_names": ["retrieval/ovms"]})
+    assert config.resident_client_names == ("retrieval/ovms",)
+    with pytest.raises(ConfigError, match="resident_client_names"):
+        parse_config({**base, "resident_client_names": "retrieval/ovms"})
+
+
 @pytest.mark.parametrize(
     ("queue", "since", "running", "proxy", "policy", "go", "reasons"),
     [
