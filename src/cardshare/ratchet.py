@@ -83,6 +83,7 @@ from cardshare.docker_api import (
 )
 from cardshare.naming import naming_pid
 from cardshare.procscan import IsDrm, is_drm_char_device, scan_proc
+from cardshare.recorder.output import render_families
 
 __all__ = [
     "DEFER_REASONS",
@@ -614,12 +615,7 @@ def render_metrics(
         samples["cardshare_retrieval_last_restart_timestamp_seconds"].append(
             f" {float(state['last_restart']):.3f}"
         )
-    lines: list[str] = []
-    for name, kind, help_text in _METRICS:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{sample}" for sample in samples[name])
-    return "\n".join(lines) + "\n"
+    return render_families(_METRICS, samples)
 
 
 # -- one run --------------------------------------------------------------------------------

@@ -438,8 +438,16 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
                     state_clients.get(f"{pdev}/{client_id}"),
                     {"card": pdev, "client": client["name"], "drm_client_id": str(client_id)},
                 )
+    return render_families(_METRICS, samples)
+
+
+def render_families(
+    families: Iterable[tuple[str, str, str]], samples: Mapping[str, Iterable[str]]
+) -> str:
+    """Prometheus text: per family ``(name, type, help)`` its HELP and TYPE lines, then each
+    sample as ``name`` followed by its labels and value (``samples[name]``)."""
     lines: list[str] = []
-    for name, kind, help_text in _METRICS:
+    for name, kind, help_text in families:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(f"{name}{sample}" for sample in samples[name])
