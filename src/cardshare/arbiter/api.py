@@ -281,6 +281,11 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
                 for c in card.clients
             ],
         },
+        "llm_plan": engine.plan_doc(),
+        "tenants": [
+            {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
+            for t in engine.tenants()
+        ],
         "alerts": [{"name": k, "message": v} for k, v in sorted(engine.alerts.items())],
     }
 
@@ -359,6 +364,8 @@ def metric_families(engine: Engine) -> list[Metric]:
         faults=engine.faults,
         heartbeat_age=engine.heartbeat_age(),
         alive=engine.alive,
+        plan=engine.plan_doc(),
+        tenants=[(t.name, t.kind.value, t.vram_bytes) for t in engine.tenants()],
     )
 
 

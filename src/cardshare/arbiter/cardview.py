@@ -32,6 +32,8 @@ class CardClient:
 class CardView:
     scanned_at: float  # unix seconds
     clients: tuple[CardClient, ...]
+    # the card's device memory as the driver reports it (the first card that has a size)
+    vram_total_bytes: int | None = None
 
     def age(self, now: float) -> float:
         return now - self.scanned_at
@@ -92,18 +94,23 @@ def parse_card_view(doc: Any) -> CardView:
     if not isinstance(doc, dict):
         raise CardDataError(f"card data must be a JSON object, got {type(doc).__name__}")
     raw_clients: list[Any] = []
+    total: int | None = None
     cards = doc.get("cards")
-    if isinstance(cards, dict):
-        for card in cards.values():
+    card_docs = list(cards.values()) if isinstance(cards, dict) else cards
+    if isinstance(card_docs, list):
+        for card in card_docs:
             if isinstance(card, dict):
                 raw_clients.extend(card.get("clients") or [])
-    elif isinstance(cards, list):
-        for card in cards:
-            if isinstance(card, dict):
-                raw_clients.extend(card.get("clients") or [])
+                size = card.get("vram_total_bytes")
+                if total is None and isinstance(size, int) and not isinstance(size, bool):
+                    total = size if size > 0 else None
     if isinstance(doc.get("clients"), list):
         raw_clients.extend(doc["clients"])
-    return CardView(scanned_at=_timestamp(doc), clients=tuple(_client(c) for c in raw_clients))
+    return CardView(
+        scanned_at=_timestamp(doc),
+        clients=tuple(_client(c) for c in raw_clients),
+        vram_total_bytes=total,
+    )
 
 
 class CardSource(Protocol):

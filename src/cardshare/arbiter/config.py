@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cardshare.arbiter.plans import LlmPlan
+
 
 class ConfigError(ValueError):
     pass
@@ -44,6 +46,21 @@ class Config:
     # tenants that stay on the card through every swap (the retrieval tier): never a reason
     # to hold a swap; their memory is planned as a reservation of the card
     resident_client_names: tuple[str, ...] = ()
+    # work that steps aside when asked (a re-encode campaign): shown by kind, never a veto
+    # of its own accord once it can be paused (no such tenant pauses yet: they are reported)
+    yielding_client_names: tuple[str, ...] = ()
+    # vLLM's ladder of plans, the full plan first (from the vllm role); empty: one plan, the
+    # llm_container, started whatever the card holds
+    llm_plans: tuple[LlmPlan, ...] = ()
+    # the card's size when the driver does not report it (the recorder's vram_total_bytes)
+    card_vram_bytes: int | None = None
+    # kept free beside a plan's reservation when choosing it (the driver's own needs)
+    vram_headroom_bytes: int = 0
+    # after a series of starts gave up for want of VRAM: more free memory than this, or
+    # other holders, starts a new series
+    vram_retry_margin_bytes: int = 512 * 1024 * 1024
+    # a smaller plan serving: go back to a larger one when it fits, at an idle moment
+    restore_full_plan: bool = True
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
     poll_interval_seconds: float = 2.0
@@ -83,8 +100,18 @@ class Config:
     keepalive_timeout_seconds: float = 75.0
 
     @property
+    def plans(self) -> tuple[LlmPlan, ...]:
+        return self.llm_plans or (LlmPlan(self.llm_container.service),)
+
+    def plan_container(self, index: int) -> ContainerRef:
+        plan = self.plans[index]
+        return ContainerRef(plan.project or self.llm_container.project, plan.service)
+
+    @property
     def llm_names(self) -> tuple[str, ...]:
-        return self.llm_client_names or (self.llm_container.client_name,)
+        return self.llm_client_names or tuple(
+            self.plan_container(i).client_name for i in range(len(self.plans))
+        )
 
     @property
     def image_names(self) -> tuple[str, ...]:
@@ -137,6 +164,12 @@ _KNOWN = (
         "llm_client_names",
         "image_client_names",
         "resident_client_names",
+        "yielding_client_names",
+        "llm_plans",
+        "card_vram_bytes",
+        "vram_headroom_bytes",
+        "vram_retry_margin_bytes",
+        "restore_full_plan",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -175,6 +208,68 @@ def _str_list(raw: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+_PLAN_KEYS = {"service", "gpu_memory_utilization", "max_model_len", "reservation_bytes"}
+_PLAN_OPTIONAL = {"project"}
+
+
+def _whole(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _plans(raw: dict[str, Any], llm: ContainerRef) -> tuple[LlmPlan, ...]:
+    value = raw.get("llm_plans", [])
+    example = (
+        'set it to the vllm role\'s ladder: [{"service": "vllm", "gpu_memory_utilization": '
+        '0.85, "max_model_len": 65536, "reservation_bytes": 29205777285}, ...], the full plan '
+        "first"
+    )
+    if not isinstance(value, list):
+        raise _err("llm_plans", value, example)
+    plans: list[LlmPlan] = []
+    for i, item in enumerate(value):
+        key = f"llm_plans[{i}]"
+        if not isinstance(item, dict) or not _PLAN_KEYS <= set(item) <= _PLAN_KEYS | _PLAN_OPTIONAL:
+            raise _err(
+                key,
+                item,
+                f"give the keys {sorted(_PLAN_KEYS)} and optionally {sorted(_PLAN_OPTIONAL)}",
+            )
+        project = item.get("project")
+        if project is not None and (not isinstance(project, str) or not project):
+            raise _err(f"{key}.project", project, "set it to the plan's compose project")
+        service, util = item["service"], item["gpu_memory_utilization"]
+        if not isinstance(service, str) or not service:
+            raise _err(f"{key}.service", service, "set it to the plan's compose service")
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise _err(f"{key}.gpu_memory_utilization", util, "set it to a share in (0, 1]")
+        if not _whole(item["max_model_len"], 1):
+            raise _err(f"{key}.max_model_len", item["max_model_len"], "set it to tokens (> 0)")
+        if not _whole(item["reservation_bytes"], 1):
+            raise _err(
+                f"{key}.reservation_bytes", item["reservation_bytes"], "set it to bytes (> 0)"
+            )
+        plans.append(
+            LlmPlan(service, float(util), item["max_model_len"], item["reservation_bytes"], project)
+        )
+    if plans and (plans[0].service != llm.service or plans[0].project not in (None, llm.project)):
+        raise _err(
+            "llm_plans[0].service",
+            plans[0].service,
+            f"the full plan runs in llm_container's service {llm.service!r}: put it first",
+        )
+    for i in range(1, len(plans)):
+        if plans[i].reservation_bytes >= plans[i - 1].reservation_bytes:
+            raise _err(
+                f"llm_plans[{i}].reservation_bytes",
+                plans[i].reservation_bytes,
+                "each plan must ask less of the card than the one before it",
+            )
+    services = [f"{p.project or llm.project}/{p.service}" for p in plans]
+    if len(set(services)) != len(services):
+        raise _err("llm_plans", services, "give each plan its own compose service")
+    return tuple(plans)
+
+
 def parse_config(raw: Any) -> Config:
     """Validate a decoded JSON document and build a :class:`Config`."""
     if not isinstance(raw, dict):
@@ -203,7 +298,18 @@ def parse_config(raw: Any) -> Config:
         "llm_client_names": _str_list(raw, "llm_client_names"),
         "image_client_names": _str_list(raw, "image_client_names"),
         "resident_client_names": _str_list(raw, "resident_client_names"),
+        "yielding_client_names": _str_list(raw, "yielding_client_names"),
     }
+    kwargs["llm_plans"] = _plans(raw, kwargs["llm_container"])
+    for key, minimum in (
+        ("card_vram_bytes", 1),
+        ("vram_headroom_bytes", 0),
+        ("vram_retry_margin_bytes", 1),
+    ):
+        if raw.get(key) is not None:
+            if not _whole(raw[key], minimum):
+                raise _err(key, raw[key], f"set it to a whole number of bytes >= {minimum}")
+            kwargs[key] = raw[key]
     if raw.get("proxy_url") is not None:
         kwargs["proxy_url"] = _url(raw, "proxy_url")
     for key in ("docker_socket", "listen_host"):
@@ -233,12 +339,11 @@ def parse_config(raw: Any) -> Config:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise _err("listen_port", port, "set it to a TCP port between 1 and 65535")
         kwargs["listen_port"] = port
-    if "handback_on_waiting_agent" in raw:
-        if not isinstance(raw["handback_on_waiting_agent"], bool):
-            raise _err(
-                "handback_on_waiting_agent", raw["handback_on_waiting_agent"], "use true or false"
-            )
-        kwargs["handback_on_waiting_agent"] = raw["handback_on_waiting_agent"]
+    for key in ("handback_on_waiting_agent", "restore_full_plan"):
+        if key in raw:
+            if not isinstance(raw[key], bool):
+                raise _err(key, raw[key], "use true or false")
+            kwargs[key] = raw[key]
     config = Config(**kwargs)
     if config.llm_retry_backoff_max_seconds < config.llm_retry_backoff_seconds:
         raise _err(

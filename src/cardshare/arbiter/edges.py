@@ -32,6 +32,10 @@ class Rejected(Exception):
 
 
 class Containers(Protocol):
+    def use(self, role: Role, ref: ContainerRef) -> None:
+        """From now on, the role is this container (vLLM's plans are one service each)."""
+        ...
+
     async def state(self, role: Role) -> ContainerState: ...
     async def start(self, role: Role) -> None: ...
     async def stop(self, role: Role, timeout_seconds: int) -> None: ...
@@ -69,7 +73,10 @@ class DockerContainers:
 
     def __init__(self, client: DockerClient, refs: dict[Role, ContainerRef]) -> None:
         self.client = client
-        self.refs = refs
+        self.refs = dict(refs)
+
+    def use(self, role: Role, ref: ContainerRef) -> None:
+        self.refs[role] = ref
 
     async def _id(self, role: Role) -> str:
         ref = self.refs[role]

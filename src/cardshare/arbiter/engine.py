@@ -33,6 +33,17 @@ from cardshare.arbiter.edges import (
     Role,
     Unavailable,
 )
+from cardshare.arbiter.plans import (
+    FreeVram,
+    PassAction,
+    Tenant,
+    card_changed,
+    choose_plan,
+    measure_free,
+    should_restore,
+    tenants,
+    vram_pass,
+)
 from cardshare.arbiter.resume import (
     JobStep,
     history_error,
@@ -56,6 +67,7 @@ from cardshare.arbiter.rules import (
     parse_vllm_metrics,
     released,
     should_hand_back,
+    should_restore_plan,
     should_swap_to_image,
     update_activity,
 )
@@ -183,6 +195,15 @@ class Engine:
         self._step_job: str | None = None
         self._waited = 0.0
         self.wake = asyncio.Event()
+        # vLLM's plans: the one that runs (or starts next), and why it was chosen
+        self.plan_index = 0
+        self.plan_reason = "the full plan"
+        self.plan_next: int | None = None  # the plan a VRAM pass chose for the next attempt
+        self.plan_attempts: list[int] = []  # the plans tried in this start series
+        self.vram_gave_up: FreeVram | None = None  # the card when the last series gave up
+        self.vram_gave_up_at = 0.0
+        self.restore_blocked: FreeVram | None = None  # the card when a start last failed
+        self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -297,6 +318,41 @@ class Engine:
             "none"
         )
 
+    def tenants(self) -> list[Tenant]:
+        """The card's clients by kind, from the last card data."""
+        if self.last_card is None:
+            return []
+        return tenants(
+            self.last_card,
+            self.config.llm_names + self.config.image_names,
+            self.config.resident_client_names,
+            self.config.yielding_client_names,
+        )
+
+    def plan_doc(self) -> dict[str, Any]:
+        """vLLM's plan now: which, how large, and whether it is a degraded one."""
+        plan = self.config.plans[self.plan_index]
+        return {
+            "index": self.plan_index,
+            "plans": len(self.config.plans),
+            "service": plan.service,
+            "max_model_len": plan.max_model_len,
+            "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "reservation_bytes": plan.reservation_bytes or None,
+            "degraded": self.plan_index > 0,
+            "reason": self.plan_reason,
+            "restore": self.config.restore_full_plan,
+        }
+
+    async def _measure_free(self) -> FreeVram | None:
+        """What the card has free for vLLM, from a fresh scan; None when it cannot be read."""
+        try:
+            view = await self._waiting(self._card_view(self.clock.now()))
+        except CardDataError as exc:
+            log.info("no card data to choose vLLM's plan: %s", exc)
+            return None
+        return measure_free(view, self.config.llm_names, self.config.card_vram_bytes)
+
     # -- holds (a role's probe asks the arbiter not to swap meanwhile) ----------------------
 
     def hold_swaps(self, holder: str, seconds: float) -> float | None:
@@ -358,6 +414,7 @@ class Engine:
         """Converge the persisted phase with the containers' real states; False when the
         containers cannot be inspected (the caller retries)."""
         try:
+            await self._find_running_plan()
             llm = await self.containers.state("llm")
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
@@ -387,6 +444,29 @@ class Engine:
         else:
             log.info("resume in %s: %s", self.state.phase, plan.reason)
         return True
+
+    async def _find_running_plan(self) -> None:
+        """With several plans: the one whose container runs is the llm container."""
+        if len(self.config.plans) < 2:
+            return
+        running = []
+        for index in range(len(self.config.plans)):
+            self.containers.use("llm", self.config.plan_container(index))
+            try:
+                if (await self.containers.state("llm")).running:
+                    running.append(index)
+            except DockerError as exc:
+                if index == 0:
+                    raise
+                # a smaller plan's container missing is not a reason to stop serving
+                self._alert(Alert.DOCKER, f"plan {index} of vLLM: {exc}")
+        for extra in running[1:]:  # never two vLLMs on the card: keep the largest plan
+            self.containers.use("llm", self.config.plan_container(extra))
+            log.warning("two plans of vLLM run: stopping plan %d", extra)
+            await self.containers.stop("llm", self.config.stop_timeout_seconds)
+        self.plan_index = running[0] if running else 0
+        self.plan_reason = "found running as the arbiter started" if running else self.plan_reason
+        self.containers.use("llm", self.config.plan_container(self.plan_index))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -560,8 +640,34 @@ class Engine:
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
+        if self.plan_index > 0:
+            restore = await self._restore_plan(obs)
+            if restore is not None:
+                return restore
         await self._idle_wait()
         return None
+
+    async def _restore_plan(self, obs: SwapObservations) -> Result | None:
+        """A smaller plan serves: back to a larger one when it fits, at an idle moment."""
+        idle = should_restore_plan(obs, self.config, self.clock.now())
+        if not idle.go:
+            return None
+        free = await self._measure_free()
+        if free is None:
+            return None
+        if self.restore_blocked is not None:
+            if not card_changed(self.restore_blocked, free, self.config.vram_retry_margin_bytes):
+                return None
+            self.restore_blocked = None
+        choice = should_restore(
+            self.config.plans, self.plan_index, free, self.config.vram_headroom_bytes
+        )
+        if choice is None:
+            return None
+        return Result(
+            Outcome.REPLAN,
+            f"plan {choice.index} fits again ({choice.reason}); {'; '.join(idle.reasons)}",
+        )
 
     async def _stop(self, role: Role) -> Result:
         try:
@@ -786,7 +892,7 @@ class Engine:
             Alert.IMAGE_RELEASE_TIMEOUT,
         )
 
-    async def _start_llm(self) -> Result:
+    async def _start_llm(self) -> Result | None:
         delay = llm_retry_delay(
             self.llm_failures,
             self.config.llm_retry_backoff_seconds,
@@ -794,10 +900,48 @@ class Engine:
         )
         if delay:
             await self._pause(delay)
+        plans = self.config.plans
+        free = await self._measure_free() if len(plans) > 1 or self.vram_gave_up else None
+        if self.vram_gave_up is not None:
+            # the last series gave up: stay out of llm until the card changes
+            waited = self.clock.now() - self.vram_gave_up_at
+            changed = free is not None and card_changed(
+                self.vram_gave_up, free, self.config.vram_retry_margin_bytes
+            )
+            if not changed and waited < self.config.llm_retry_backoff_max_seconds:
+                await self._pause(self.config.poll_interval_seconds)
+                return None
+            log.info(
+                "a new series of vLLM starts: %s",
+                "the card changed" if changed else f"{waited:.0f} s since the last gave up",
+            )
+            self.vram_gave_up = None
+            self.llm_vram_failures = 0
+        if self.llm_vram_failures == 0 or self.plan_next is None:
+            self.plan_attempts = []
+            if len(plans) > 1 and free is not None:
+                choice = choose_plan(plans, free, self.config.vram_headroom_bytes)
+                target, self.plan_reason = choice.index, choice.reason
+            else:
+                target = 0 if len(plans) == 1 or free is None else self.plan_index
+                self.plan_reason = (
+                    "the only plan" if len(plans) == 1 else "no card data: the full plan"
+                )
+        else:
+            target = self.plan_next
+        self.plan_next = None
         try:
-            if self.llm_failures:
+            if len(plans) > 1:
+                if not await self._stop_other_plans(target):
+                    return None
+            elif self.llm_failures:
                 # a failed or unready vLLM: restart it from scratch
                 await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+            self.plan_index = target
+            self.containers.use("llm", self.config.plan_container(target))
+            if len(plans) > 1 and self.llm_failures:
+                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+            self.plan_attempts.append(target)
             await self._waiting(self.containers.start("llm"))
             self._clear(Alert.DOCKER)
         except DockerError as exc:
@@ -805,7 +949,39 @@ class Engine:
             self._alert(Alert.DOCKER, str(exc))
             self._alert(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
             return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
-        return Result(Outcome.OK, "llm container started")
+        plan = plans[target]
+        detail = (
+            f" on plan {target} ({plan.max_model_len} tokens, "
+            f"{plan.gpu_memory_utilization:g} of the card): {self.plan_reason}"
+            if len(plans) > 1
+            else ""
+        )
+        return Result(Outcome.OK, f"llm container started{detail}")
+
+    async def _stop_other_plans(self, target: int) -> bool:
+        """Stop every plan's container but ``target``'s, and wait until vLLM's memory left the
+        card when one ran (a restore to a larger plan). False: its memory stayed (alerted)."""
+        stopped = False
+        for index in range(len(self.config.plans)):
+            if index == target:
+                continue
+            self.containers.use("llm", self.config.plan_container(index))
+            try:
+                running = (await self._waiting(self.containers.state("llm"))).running
+            except DockerError as exc:  # a plan without a container never ran
+                log.info("plan %d of vLLM: %s", index, exc)
+                continue
+            if running:
+                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+                stopped = True
+        if not stopped:
+            return True
+        result = await self._wait_release(
+            self.config.llm_names,
+            self.config.llm_release_timeout_seconds,
+            Alert.LLM_RELEASE_TIMEOUT,
+        )
+        return result.outcome is Outcome.OK
 
     async def _wait_llm_ready(self) -> Result:
         deadline = self.clock.now() + self.config.llm_ready_timeout_seconds
@@ -819,6 +995,7 @@ class Engine:
             else:
                 self.llm_failures = 0
                 self.llm_vram_failures = 0
+                self.plan_next = None
                 self._clear(
                     Alert.LLM_NOT_READY,
                     Alert.LLM_INSUFFICIENT_VRAM,
@@ -844,25 +1021,62 @@ class Engine:
         if failure.kind is FailureKind.OOM_KILLED:
             self._alert(Alert.LLM_OOM_KILLED, failure.message)
         elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
-            self.llm_vram_failures += 1
-            try:  # reclaim: whoever else holds the card, it must not be our ComfyUI
-                view = await self._waiting(self._card_view(self.clock.now()))
-                self.last_card = view
-            except CardDataError:
-                pass
-            state = (
-                f"attempt {self.llm_vram_failures} of {VRAM_MAX_ATTEMPTS}"
-                if self.llm_vram_failures < VRAM_MAX_ATTEMPTS
-                else f"{self.llm_vram_failures} attempts failed; free the card"
-            )
-            self._alert(
-                Alert.LLM_INSUFFICIENT_VRAM,
-                f"vLLM could not get its memory ({failure.message}); {state}; "
-                f"others on the card: {self._others_on_card()}",
-            )
+            return await self._vram_pass(failure)
         else:
             self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
         return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
+
+    async def _vram_pass(self, failure: ContainerFailure) -> Result:
+        """An insufficient-VRAM failure at start: reclaim and retry the same plan, then one
+        plan down, then give up (at most VRAM_MAX_ATTEMPTS starts a series)."""
+        self.llm_vram_failures += 1
+        free = await self._measure_free()
+        self.restore_blocked = free
+        holders = free.describe_holders() if free is not None else self._others_on_card()
+        step = vram_pass(self.plan_index, self.llm_vram_failures, len(self.config.plans))
+        tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
+        if step.action is PassAction.GIVE_UP:
+            self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
+            self.vram_gave_up_at = self.clock.now()
+            self.plan_next = None
+            self._alert(
+                Alert.LLM_INSUFFICIENT_VRAM,
+                f"vLLM could not get its memory in {self.llm_vram_failures} attempts "
+                f"(plans {tried}; last: {failure.message}); the card is held by: {holders}; "
+                "staying out of llm until the card changes (or "
+                f"{self.config.llm_retry_backoff_max_seconds:g} s pass)",
+            )
+            return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
+        if step.action is PassAction.RETRY_AFTER_RECLAIM:
+            await self._reclaim()
+            what = f"reclaimed; retrying plan {step.plan}"
+        elif step.plan == self.plan_index:
+            what = f"retrying plan {step.plan} (no smaller plan)"
+        else:
+            what = f"stepping down to plan {step.plan}"
+        self.plan_next = step.plan
+        self._alert(
+            Alert.LLM_INSUFFICIENT_VRAM,
+            f"vLLM could not get its memory ({failure.message}); attempt "
+            f"{self.llm_vram_failures} of {VRAM_MAX_ATTEMPTS}: {what}; the card is held by: "
+            f"{holders}",
+        )
+        return Result(Outcome.FAILED, f"vLLM failed to start for want of VRAM: {what}")
+
+    async def _reclaim(self) -> None:
+        """Before the retry: ComfyUI off the card (stopped, its release measured). Never from
+        under a job: vLLM starts only in the handback, after the jobs' phase ended."""
+        try:
+            if (await self._waiting(self.containers.state("image"))).running:
+                await self._waiting(self.containers.stop("image", self.config.stop_timeout_seconds))
+        except DockerError as exc:
+            self._alert(Alert.DOCKER, str(exc))
+            return
+        await self._wait_release(
+            self.config.image_names,
+            self.config.image_release_timeout_seconds,
+            Alert.IMAGE_RELEASE_TIMEOUT,
+        )
 
     # -- jobs ------------------------------------------------------------------------------
 

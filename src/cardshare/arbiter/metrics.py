@@ -6,7 +6,7 @@ registry of the arbiter's own whose collector reads the engine at each scrape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -33,6 +33,8 @@ def families(
     faults: Mapping[str, int] | None = None,
     heartbeat_age: float = 0.0,
     alive: bool = True,
+    plan: Mapping[str, object] | None = None,
+    tenants: Sequence[tuple[str, str, int]] = (),
 ) -> list[Metric]:
     """The metric families of ``/metrics`` for the given state."""
     mode_family = GaugeMetricFamily(
@@ -81,7 +83,39 @@ def families(
     )
     for name in sorted(set(alert_names) | set(counted)):
         fault_family.add_metric([name], counted.get(name, 0))
+    plan_families: list[Metric] = []
+    if plan is not None:
+        index = plan.get("index")
+        plan_families.append(
+            GaugeMetricFamily(
+                f"{P}_llm_plan",
+                "vLLM's plan now: 0 is the full plan, higher is smaller (degraded).",
+                value=index if isinstance(index, int) else 0,
+            )
+        )
+        length = plan.get("max_model_len")
+        if isinstance(length, int):
+            plan_families.append(
+                GaugeMetricFamily(
+                    f"{P}_llm_max_model_len",
+                    "The context (tokens) of vLLM's plan now.",
+                    value=length,
+                )
+            )
+    tenant_family = GaugeMetricFamily(
+        f"{P}_tenant_vram_bytes",
+        "VRAM each client of the card holds, with its kind (owner, resident, yielding, "
+        "foreign), from the arbiter's last card data.",
+        labels=["tenant", "kind"],
+    )
+    summed: dict[tuple[str, str], int] = {}
+    for name, kind, size in tenants:  # a client on two cards is one series
+        summed[(name, kind)] = summed.get((name, kind), 0) + size
+    for (name, kind), size in sorted(summed.items()):
+        tenant_family.add_metric([name, kind], size)
     return [
+        *plan_families,
+        tenant_family,
         mode_family,
         GaugeMetricFamily(f"{P}_queue_jobs", "Jobs queued or running.", value=queue_jobs),
         finished,

@@ -251,3 +251,39 @@ def llm_retry_delay(failures: int, base: float, cap: float) -> float:
     if failures <= 0:
         return 0.0
     return float(min(cap, base * 2 ** (failures - 1)))
+
+
+def should_restore_plan(obs: SwapObservations, config: Config, now: float) -> Decision:
+    """A smaller plan serves: is this an idle moment to restart vLLM on a larger one? Idle as
+    for a swap (no job queued, vLLM idle for idle_seconds, nothing in flight or held at the
+    proxy, no hold); whether a larger plan fits is the engine's measure."""
+    blockers: list[str] = []
+    if not config.restore_full_plan:
+        return Decision(False, ("restore_full_plan is off",))
+    if obs.queue_length > 0:
+        blockers.append(f"{obs.queue_length} job(s) queued: the handback chooses the plan")
+    if obs.held_by is not None:
+        blockers.append(f"swaps are held by {obs.held_by}")
+    if obs.activity is None:
+        blockers.append(f"vLLM metrics unavailable ({obs.metrics_error or 'no answer'})")
+        idle_for = 0.0
+    else:
+        last = obs.activity.last_active_at
+        if obs.proxy is not None:
+            for ts in (obs.proxy.last_request_started, obs.proxy.last_request_finished):
+                if ts is not None:
+                    last = max(last, ts)
+        idle_for = now - last
+        if idle_for < config.idle_seconds:
+            blockers.append(
+                f"vLLM was active {idle_for:.0f} s ago (needs {config.idle_seconds:g} s idle)"
+            )
+    if obs.proxy_error is not None:
+        blockers.append(f"proxy state unavailable ({obs.proxy_error})")
+    elif obs.proxy is not None and (obs.proxy.in_flight > 0 or obs.proxy.held > 0):
+        blockers.append(
+            f"the proxy has {obs.proxy.in_flight} request(s) in flight and {obs.proxy.held} held"
+        )
+    if blockers:
+        return Decision(False, tuple(blockers))
+    return Decision(True, (f"vLLM idle for {idle_for:.0f} s",))

@@ -41,6 +41,7 @@ class Outcome(StrEnum):
     HAND_BACK = "hand_back"  # run_jobs: the rules say hand the card back
     RESTART = "restart"  # run_jobs: ComfyUI died or a job hangs: restart ComfyUI
     RESUME = "resume"  # after a restart of the arbiter: converge with the real world
+    REPLAN = "replan"  # serve_llm: a larger plan of vLLM fits again at an idle moment
 
 
 MODE_OF: dict[Phase, Mode] = {
@@ -75,6 +76,9 @@ TRANSITIONS: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.SERVE_LLM, Outcome.SWAP): Phase.STOP_LLM,
     # vLLM exited while serving: start it again (with backoff), never keep saying llm
     (Phase.SERVE_LLM, Outcome.FAILED): Phase.START_LLM,
+    # a smaller plan serves and a larger one fits again, at an idle moment: start_llm stops
+    # the running plan, waits for its memory and starts the larger one
+    (Phase.SERVE_LLM, Outcome.REPLAN): Phase.START_LLM,
     (Phase.STOP_LLM, Outcome.OK): Phase.WAIT_LLM_RELEASE,
     # vLLM would not stop: make sure it runs and serve again.
     (Phase.STOP_LLM, Outcome.FAILED): Phase.START_LLM,

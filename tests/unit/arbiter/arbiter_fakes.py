@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cardshare.arbiter.cardview import CardClient, CardView
-from cardshare.arbiter.config import Config
+from cardshare.arbiter.config import Config, ContainerRef
 from cardshare.arbiter.edges import Rejected, Role, Unavailable
 from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store
@@ -98,12 +98,35 @@ class World:
     oom_on_die: bool = False
     garbage_next: dict[str, int] = field(default_factory=dict)  # call -> answers of garbage
     interrupts: int = 0
+    # vLLM's plans: one container per compose service (the first, "vllm", is llm above); a
+    # start asks plan_reservations[service] free of card_total, and exits with vLLM's own
+    # message when it is not (as vLLM's startup check does)
+    plans: dict[str, FakeContainer] = field(default_factory=dict)
+    plan_reservations: dict[str, int] = field(default_factory=dict)
+    card_total: int | None = None
+    llm_service: str = "vllm"
+    plan_starts: list[str] = field(default_factory=list)  # the service of each real start
     view_not_found: int = 0  # the next N /view calls answer 404 whatever is on disk
     view_not_image: int = 0  # the next N /view calls answer 200 with an HTML error page
     proxy: dict[str, Any] = field(
         default_factory=lambda: {"in_flight": 0, "held": 0, "oldest_held_seconds": None}
     )
     submissions: int = 0
+
+    def use_plan(self, service: str) -> None:
+        if not self.plans:
+            self.plans["vllm"] = self.llm
+        self.llm = self.plans.setdefault(service, FakeContainer(f"vllm-{service}-1", False))
+        self.llm_service = service
+
+    def llm_vram(self) -> int:
+        return self.plan_reservations.get(self.llm_service, 27 * 2**30)
+
+    def held_by_others(self) -> int:
+        held = sum(c.vram_bytes for c in self.others)
+        if self.image.running:
+            held += 20 * 2**30
+        return held
 
     def container(self, role: Role) -> FakeContainer:
         return self.llm if role == "llm" else self.image
@@ -121,6 +144,10 @@ class World:
 class FakeContainers:
     def __init__(self, world: World) -> None:
         self.w = world
+
+    def use(self, role: Role, ref: ContainerRef) -> None:
+        if role == "llm":
+            self.w.use_plan(ref.service)
 
     async def state(self, role: Role) -> ContainerState:
         c = self.w.container(role)
@@ -152,10 +179,25 @@ class FakeContainers:
         c.running = True
         c.oom_killed = False
         c.starts += 1
+        if role == "llm":
+            self.w.plan_starts.append(self.w.llm_service)
         if role == "llm" and self.w.llm_fails_start:
             c.running = False
             c.exit_code = 1
             c.logs = self.w.llm_fails_start
+        want = self.w.plan_reservations.get(self.w.llm_service)
+        total = self.w.card_total
+        if role == "llm" and want is not None and total is not None:
+            free = total - self.w.held_by_others()
+            if free < want:
+                c.running = False
+                c.exit_code = 1
+                c.logs = (
+                    f"ValueError: Free memory on device xpu:0 ({free / 2**30:.2f}/"
+                    f"{total / 2**30:.2f} GiB) on startup is less than desired GPU memory "
+                    f"utilization ({want / total:.2f}, {want / 2**30:.2f} GiB). Decrease GPU "
+                    "memory utilization or reduce GPU memory used by other processes.\n"
+                )
         if role == "image":
             self.w.comfy_process_started()
             if c.exits_at_start:
@@ -198,10 +240,10 @@ class FakeCard:
         self.reads += 1
         clients = list(self.w.others)
         if self.w.llm.running or self.w.llm_vram_lingers:
-            clients.append(CardClient("vllm/vllm", 27 * 2**30, ("ccs",)))
+            clients.append(CardClient(f"vllm/{self.w.llm_service}", self.w.llm_vram(), ("ccs",)))
         if self.w.image.running:
             clients.append(CardClient("comfyui/comfyui", 20 * 2**30, ()))
-        return CardView(self.w.clock.now(), tuple(clients))
+        return CardView(self.w.clock.now(), tuple(clients), self.w.card_total)
 
 
 class FakeLlm:
