@@ -22,6 +22,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning imp
     vllm_memory_cap,
     vllm_model_args,
     vllm_plan,
+    vllm_plan_ladder,
     vllm_serve_args,
 )
 
@@ -67,6 +68,11 @@ def vllm_plan_filter(settings: object) -> dict[str, object]:
 
 
 @_filter
+def vllm_plan_ladder_filter(settings: object) -> list[dict[str, object]]:
+    return vllm_plan_ladder(settings)
+
+
+@_filter
 def vllm_serve_args_filter(settings: object) -> list[str]:
     return vllm_serve_args(settings)
 
@@ -89,6 +95,7 @@ class FilterModule:
             "vllm_memory_cap": vllm_memory_cap_filter,
             "vllm_model_args": vllm_model_args_filter,
             "vllm_plan": vllm_plan_filter,
+            "vllm_plan_ladder": vllm_plan_ladder_filter,
             "vllm_serve_args": vllm_serve_args_filter,
             "vllm_compose_command": vllm_compose_command_filter,
         }

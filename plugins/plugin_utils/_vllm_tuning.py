@@ -11,7 +11,9 @@ the bad value and the fix:
 * the container's host-memory cap (:func:`vllm_memory_cap`);
 * per-model command-line rules: tool-call parser, MoE INT4 must be GPTQ, no
   ``--quantization`` for pre-quantised checkpoints (:func:`vllm_model_args`);
-* the whole ordered ``vllm serve`` argument list (:func:`vllm_serve_args`, :func:`vllm_plan`).
+* the whole ordered ``vllm serve`` argument list (:func:`vllm_serve_args`, :func:`vllm_plan`);
+* the ladder of plans the arbiter starts vLLM on: the full plan, then plans with a shorter
+  context and less of the card down to ``vllm_context_floor`` (:func:`vllm_plan_ladder`).
 
 Sizes.  Every size is bytes, given as an integer or as a Docker-style string (``"16g"``,
 ``"16G"``, ``"16GiB"``, ``"0.8GiB"``, ``"800m"``).  As in Docker and Compose, every unit is
@@ -20,13 +22,14 @@ for all sizes of the role keeps ``vllm_memory_limit`` meaning what Compose makes
 a "32 GB" card is 32 GiB of memory.  Only the ratios matter for the utilisation, so the card,
 the reservations and the headroom only need to be given in the same unit.
 
-Numbers.  Every number of the role (the utilisation and its ceiling, the context target, the
-port, a reservation's count) is read by :func:`parse_number`, which takes a number or a
-string spelling one in decimal: ``-e vllm_context_target=65536`` gives the string
-``"65536"``, which the role's argument spec accepts for an ``int`` without converting it for
-the tasks that follow.  The string gives the same result as the number; what does not spell a
-finite decimal number (``"lots"``, ``""``, ``"0x10"``, ``"nan"``, ``"1e400"``) is refused with
-a message naming the variable, the value and the fix.
+Numbers.  Every number of the role (the utilisation and its ceiling, the context target,
+the ladder's floor, step and sequences, the port, a reservation's count) is read by
+:func:`parse_number`, which takes a number or a string spelling one in decimal:
+``-e vllm_context_target=65536`` gives the string ``"65536"``, which the role's argument spec
+accepts for an ``int`` without converting it for the tasks that follow.  The string gives the
+same result as the number; what does not spell a finite decimal number (``"lots"``, ``""``,
+``"0x10"``, ``"nan"``, ``"1e400"``) is refused with a message naming the variable, the value
+and the fix.
 """
 
 from __future__ import annotations
@@ -39,15 +42,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from fractions import Fraction
+from itertools import chain
 from typing import Literal, overload
 
 __all__ = [
     "ACCEPTED_QUANTIZATIONS",
+    "DEFAULT_RUNTIME_OVERHEAD_BYTES",
     "DEFAULT_UTILIZATION_CEILING",
     "ENTRYPOINT_MODES",
     "KNOWN_DTYPES",
+    "LADDER_SETTINGS_KEYS",
     "MANAGED_FLAGS",
     "MEMORY_MARGIN_MIN_BYTES",
+    "MIN_CONTEXT_TOKENS",
     "ONLINE_QUANTIZATIONS",
     "SEED_MEMORY_LESSON",
     "SETTINGS_KEYS",
@@ -68,6 +75,7 @@ __all__ = [
     "vllm_memory_cap",
     "vllm_model_args",
     "vllm_plan",
+    "vllm_plan_ladder",
     "vllm_serve_args",
 ]
 
@@ -76,6 +84,10 @@ MIB = 1024**2
 GIB = 1024**3
 
 DEFAULT_UTILIZATION_CEILING = 0.95
+# What vLLM holds on the card beyond the weights and the KV cache (activations, graphs,
+# the sampler's buffers) when a catalog entry gives no runtime_overhead.  An ESTIMATE, not a
+# measurement: it only sizes the smaller plans of the ladder (vllm_plan_ladder).
+DEFAULT_RUNTIME_OVERHEAD_BYTES = GIB
 # Host-memory margin over a model's need: 25 %, and never less than 2 GiB.
 MEMORY_MARGIN_FRACTION = Fraction(1, 4)
 MEMORY_MARGIN_MIN_BYTES = 2 * GIB
@@ -433,6 +445,8 @@ class ModelSpec:
     tool_call_parser: str | None
     host_memory_bytes: int
     weights_bytes: int | None
+    kv_bytes_per_token: int | None
+    runtime_overhead_bytes: int
     path: str
     served_name: str
 
@@ -452,6 +466,8 @@ class ModelSpec:
             "tool_call_parser": self.tool_call_parser,
             "host_memory": self.host_memory_bytes,
             "weights": self.weights_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "runtime_overhead": self.runtime_overhead_bytes,
             "path": self.path,
             "served_name": self.served_name,
         }
@@ -472,6 +488,8 @@ _ENTRY_FIELDS = frozenset(
         "tool_call_parser",
         "host_memory",
         "weights",
+        "kv_bytes_per_token",
+        "runtime_overhead",
         "path",
         "served_name",
         "notes",
@@ -603,6 +621,14 @@ def model_spec(name: object, entry: object, source: str | None = None) -> ModelS
     host_memory = parse_size(entry["host_memory"], f"{where}.host_memory")
     weights_raw = entry.get("weights")
     weights = None if weights_raw is None else parse_size(weights_raw, f"{where}.weights")
+    kv_raw = entry.get("kv_bytes_per_token")
+    kv_per_token = None if kv_raw is None else parse_size(kv_raw, f"{where}.kv_bytes_per_token")
+    overhead_raw = entry.get("runtime_overhead")
+    overhead = (
+        DEFAULT_RUNTIME_OVERHEAD_BYTES
+        if overhead_raw is None
+        else parse_size(overhead_raw, f"{where}.runtime_overhead")
+    )
     path = _entry_str(entry, "path", where, hf_repo.rstrip("/").rsplit("/", 1)[-1])
     served = _entry_str(entry, "served_name", where, name)
     if path is None or served is None:  # both have defaults; kept for the type checker
@@ -627,6 +653,8 @@ def model_spec(name: object, entry: object, source: str | None = None) -> ModelS
         tool_call_parser=parser,
         host_memory_bytes=host_memory,
         weights_bytes=weights,
+        kv_bytes_per_token=kv_per_token,
+        runtime_overhead_bytes=overhead,
         path=path,
         served_name=served,
     )
@@ -815,14 +843,20 @@ SETTINGS_KEYS: tuple[str, ...] = (
     "vllm_enable_tool_calls",
     "vllm_extra_args",
 )
+# What the ladder needs besides SETTINGS_KEYS (vllm_plan_ladder).
+LADDER_SETTINGS_KEYS: tuple[str, ...] = (
+    "vllm_context_floor",
+    "vllm_context_step",
+    "vllm_ladder_sequences",
+)
 
 
-def _check_settings(settings: object) -> Mapping[str, object]:
+def _check_settings(settings: object, keys: Sequence[str] = SETTINGS_KEYS) -> Mapping[str, object]:
     if not isinstance(settings, Mapping):
         raise VllmTypeError(
             f"settings: expected a mapping of the vllm role's variables, got {_type_name(settings)}"
         )
-    missing = [key for key in SETTINGS_KEYS if key not in settings]
+    missing = [key for key in keys if key not in settings]
     if missing:
         raise VllmTuningError(
             f"settings: missing {', '.join(missing)}; pass every variable the role defines "
@@ -883,25 +917,19 @@ def _check_extra_args(value: object) -> list[str]:
     return result
 
 
-def vllm_plan(settings: object) -> dict[str, object]:
-    """Validate the role's settings and compute everything the role renders and verifies.
+def _build_plan(
+    conf: Mapping[str, object],
+    spec: ModelSpec,
+    card: int,
+    utilization: float,
+    target_len: object,
+) -> dict[str, object]:
+    """One plan: ``spec`` on ``utilization`` of ``card`` bytes with a ``target_len`` context.
 
-    Returns ``args`` (the ordered argument list after ``vllm serve``),
-    ``gpu_memory_utilization``, ``context`` (see :func:`vllm_context`),
-    ``memory_limit_bytes`` and ``model`` (the resolved catalog entry).
+    The full plan and every rung of the ladder are built here, so each is a complete and
+    validated argument list (the weights against the share, the YaRN factor against the
+    model's maximum, the memory cap, the address, the tool-call parser, the extra args).
     """
-    conf = _check_settings(settings)
-    spec = resolve_model(
-        conf["vllm_model"], conf["vllm_model_catalog"], conf["vllm_model_catalog_extra"]
-    )
-    utilization = gpu_memory_utilization(
-        conf["vllm_card_memory"],
-        conf["vllm_reservations"],
-        conf["vllm_driver_headroom"],
-        ceiling=conf["vllm_gpu_memory_utilization_max"],
-        override=conf["vllm_gpu_memory_utilization"],
-    )
-    card = parse_size(conf["vllm_card_memory"], "vllm_card_memory")
     if spec.weights_bytes is not None:
         share = int(card * Fraction(str(utilization)))
         if spec.weights_bytes >= share:
@@ -911,7 +939,7 @@ def vllm_plan(settings: object) -> dict[str, object]:
                 f"may claim ({utilization:.2f} of {human_size(card)}), leaving nothing for "
                 "the KV cache; pick a smaller or quantised model, or lower vllm_reservations"
             )
-    context = vllm_context(spec, conf["vllm_context_target"])
+    context = vllm_context(spec, target_len)
     memory_limit = vllm_memory_cap(spec, conf["vllm_memory_limit"])
     host = _check_nonempty(conf["vllm_listen_address"], "vllm_listen_address", "0.0.0.0")
     port = _check_port(conf["vllm_port"])
@@ -953,6 +981,150 @@ def vllm_plan(settings: object) -> dict[str, object]:
         "memory_limit_bytes": memory_limit,
         "model": spec.as_dict(),
     }
+
+
+def _full_plan(
+    conf: Mapping[str, object],
+) -> tuple[dict[str, object], ModelSpec, int, float]:
+    """The full plan of checked settings, with the model, the card's bytes and the share."""
+    spec = resolve_model(
+        conf["vllm_model"], conf["vllm_model_catalog"], conf["vllm_model_catalog_extra"]
+    )
+    utilization = gpu_memory_utilization(
+        conf["vllm_card_memory"],
+        conf["vllm_reservations"],
+        conf["vllm_driver_headroom"],
+        ceiling=conf["vllm_gpu_memory_utilization_max"],
+        override=conf["vllm_gpu_memory_utilization"],
+    )
+    card = parse_size(conf["vllm_card_memory"], "vllm_card_memory")
+    plan = _build_plan(conf, spec, card, utilization, conf["vllm_context_target"])
+    return plan, spec, card, utilization
+
+
+def vllm_plan(settings: object) -> dict[str, object]:
+    """Validate the role's settings and compute everything the role renders and verifies.
+
+    Returns ``args`` (the ordered argument list after ``vllm serve``),
+    ``gpu_memory_utilization``, ``context`` (see :func:`vllm_context`),
+    ``memory_limit_bytes`` and ``model`` (the resolved catalog entry).
+    """
+    plan, _spec, _card, _utilization = _full_plan(_check_settings(settings))
+    return plan
+
+
+# --------------------------------------------------------------------------- the ladder
+
+
+def _check_floor(value: object, target: int) -> int:
+    floor = parse_number(
+        value, "vllm_context_floor", "a whole number of tokens", "32768", whole=True
+    )
+    if floor < MIN_CONTEXT_TOKENS:
+        raise VllmTuningError(
+            f"vllm_context_floor: {floor} tokens is below the minimum {MIN_CONTEXT_TOKENS}; "
+            "agents send about 16k tokens of prompt and tool schemas, so 32768 or more is "
+            "sensible"
+        )
+    if floor > target:
+        raise VllmTuningError(
+            f"vllm_context_floor: {floor} tokens is above vllm_context_target ({target}); "
+            f"lower vllm_context_floor to {target} or less (equal to the target: the full "
+            "plan only)"
+        )
+    return floor
+
+
+def _check_at_least_one(value: object, variable: str, expected: str, example: str, fix: str) -> int:
+    number = parse_number(value, variable, expected, example, whole=True)
+    if number < 1:
+        raise VllmTuningError(f"{variable}: expected {expected}, got {number!r}; {fix}")
+    return number
+
+
+def _ceil_hundredths(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` in hundredths, rounded up."""
+    return -(-100 * numerator // denominator)
+
+
+def _rung(
+    plan: Mapping[str, object], index: int, card: int, utilization: float, context: int
+) -> dict[str, object]:
+    """A plan as a rung: its index, context, reservation on the card, and whether degraded."""
+    return {
+        **plan,
+        "rung": index,
+        "max_model_len": context,
+        "reservation_bytes": math.ceil(Fraction(str(utilization)) * card),
+        "degraded": index > 0,
+    }
+
+
+def vllm_plan_ladder(settings: object) -> list[dict[str, object]]:
+    """The plans the arbiter may start vLLM on, the full plan first, each smaller than the last.
+
+    Rung 0 is :func:`vllm_plan`.  The next rungs shorten the context by
+    ``vllm_context_step`` tokens at a time while it stays above ``vllm_context_floor``, then
+    take the floor itself (when it is below ``vllm_context_target``).  A rung of ``c``
+    tokens asks for the share of the card its model needs::
+
+        need = weights + runtime_overhead + kv_bytes_per_token * c * vllm_ladder_sequences
+        utilisation = need / card, rounded up to hundredths
+
+    so its KV cache holds ``vllm_ladder_sequences`` sequences of its full length.  A rung
+    whose utilisation is not below the previous kept rung's is dropped: it would start in no
+    less memory.  Each rung is built like the full plan (:func:`_build_plan`): its own
+    ``--gpu-memory-utilization``, ``--max-model-len`` and YaRN factor (no ``--hf-overrides``
+    within the native window), the same tool-call, dtype and extra arguments.
+
+    Every rung has the keys of :func:`vllm_plan` plus ``rung`` (0, 1, ...),
+    ``max_model_len``, ``reservation_bytes`` (``ceil(utilisation * card)``, what vLLM wants
+    free at start), ``degraded`` (false for rung 0 only) and ``driver_headroom_bytes`` (the
+    arbiter keeps it free beside a plan's reservation when it chooses one).  A model without
+    ``kv_bytes_per_token`` or ``weights`` in its catalog entry cannot size smaller plans:
+    its ladder is the full plan alone.
+    """
+    conf = _check_settings(settings, (*SETTINGS_KEYS, *LADDER_SETTINGS_KEYS))
+    full, spec, card, utilization = _full_plan(conf)
+    target = _check_target(conf["vllm_context_target"])
+    floor = _check_floor(conf["vllm_context_floor"], target)
+    step = _check_at_least_one(
+        conf["vllm_context_step"],
+        "vllm_context_step",
+        "a whole number of tokens, 1 or more",
+        "16384",
+        "give the tokens between the contexts of two plans, such as 16384",
+    )
+    sequences = _check_at_least_one(
+        conf["vllm_ladder_sequences"],
+        "vllm_ladder_sequences",
+        "a whole number of sequences, 1 or more",
+        "2",
+        "give how many full-length sequences a smaller plan must hold, such as 2",
+    )
+    headroom = parse_size(conf["vllm_driver_headroom"], "vllm_driver_headroom", allow_zero=True)
+    ladder = [{**_rung(full, 0, card, utilization, target), "driver_headroom_bytes": headroom}]
+    if spec.kv_bytes_per_token is None or spec.weights_bytes is None:
+        return ladder
+
+    # target - step, target - 2 * step, ... while above the floor, then the floor itself
+    contexts = chain(range(target - step, floor, -step), [floor] if floor < target else [])
+    previous = Fraction(str(utilization))
+    for context in contexts:
+        need = (
+            spec.weights_bytes
+            + spec.runtime_overhead_bytes
+            + spec.kv_bytes_per_token * context * sequences
+        )
+        hundredths = _ceil_hundredths(need, card)
+        if Fraction(hundredths, 100) >= previous:
+            continue
+        share = hundredths / 100
+        plan = _build_plan(conf, spec, card, share, context)
+        rung = _rung(plan, len(ladder), card, share, context)
+        ladder.append({**rung, "driver_headroom_bytes": headroom})
+        previous = Fraction(hundredths, 100)
+    return ladder
 
 
 def vllm_serve_args(settings: object) -> list[str]:

@@ -384,3 +384,58 @@ def test_a_hung_comfyui_is_restarted_and_the_job_runs_once(
     wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
     assert len(files_of(host, job_id)) == 1
     wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
+
+
+# --- vLLM's plans: a transcode at handback, then the full plan again ----------------------
+
+
+def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
+    host: Any, arbiter: str, proxy: str, token: str
+) -> None:
+    """Four simulated 2 GiB transcodes start while an image job runs (the veto holds only
+    swaps to image): at the handback the arbiter measures what the card has free and starts
+    vLLM on a smaller plan of the vllm role's ladder; agents are answered, and the proxy's
+    /v1/models shows that plan's real context. The transcodes end: at the next idle moment
+    the full plan returns."""
+
+    def at_rest() -> dict[str, Any] | None:
+        st = status(arbiter)
+        return st if st["mode"] == "llm" and st["queue_length"] == 0 else None
+
+    assert not wait_for("llm with an empty queue", at_rest, 180)["llm_plan"]["degraded"]
+    long_job = json.loads(json.dumps(WORKFLOW))
+    long_job["12"]["inputs"]["steps"] = 300  # about 30 s in the ComfyUI stand-in
+    body = {"workflow": long_job, "inputs": {"render.png": base64.b64encode(RENDER).decode()}}
+    resp = requests.post(f"{arbiter}/v1/jobs", json=body, headers=auth(), timeout=10)
+    assert resp.status_code == 201, resp.text
+    job_id = resp.json()["id"]
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    transcode(host, "4")  # SIMULATION: four hardware transcodes on the lab's card
+    try:
+        wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+        st = wait_for("llm after the handback", at_rest, 300)
+        plan = st["llm_plan"]
+        assert plan["degraded"] is True, plan
+        assert plan["index"] >= 1 and plan["max_model_len"] < 65536, plan
+        assert "Plex Transcoder" in plan["reason"] or "plex" in plan["reason"], plan
+        kinds = {t["name"]: t["kind"] for t in st["tenants"]}
+        assert kinds["retrieval/ovms"] == "resident", kinds
+        assert "foreign" in {k for n, k in kinds.items() if "plex" in n.lower()}, kinds
+        models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
+        assert [m["max_model_len"] for m in models] == [plan["max_model_len"]]
+        client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=60)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+        )
+        assert reply.choices[0].message.content
+    finally:
+        transcode(host, "off")
+
+    def full_again() -> bool:
+        st = at_rest()
+        return st is not None and not st["llm_plan"]["degraded"]
+
+    wait_for("the full plan back at an idle moment", full_again, 180)
+    assert vllm_healthy(host)
+    models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
+    assert [m["max_model_len"] for m in models] == [65536]

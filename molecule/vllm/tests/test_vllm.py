@@ -203,3 +203,76 @@ def test_published_plan(host):
     assert plan["memory_limit_bytes"] == 16 * GIB
     assert plan["url"] == URL
     assert (plan["compose_project"], plan["compose_service"]) == ("vllm", "vllm")
+
+
+# The ladder (lab card 32 GiB, Qwen2.5-7B: 15 GiB of weights, 1 GiB of runtime, 56 KiB of KV
+# cache per token, two sequences): 49152 tokens need 21.25 GiB -> 0.67, 32768 need 19.5 GiB
+# -> 0.61, both below the full plan's 0.70.
+LADDER = [("vllm", "vllm", 0.70, 65536), ("vllm-ladder", "plan1", 0.67, 49152),
+          ("vllm-ladder", "plan2", 0.61, 32768)]
+
+
+def _inspect(host, project, service):
+    ids = host.check_output(
+        "docker ps --all --quiet --no-trunc --filter label=com.docker.compose.project=%s "
+        "--filter label=com.docker.compose.service=%s",
+        project,
+        service,
+    ).split()
+    assert len(ids) == 1, f"expected one {project}/{service} container, found {ids}"
+    return json.loads(host.check_output("docker inspect %s", ids[0]))[0]
+
+
+@pytest.mark.parametrize(("project", "service", "util", "length"), LADDER[1:])
+def test_smaller_plans_are_created_not_started(host, project, service, util, length):
+    c = _inspect(host, project, service)
+    assert c["State"]["Status"] == "created"
+    args = c["Config"]["Cmd"]
+    assert flag(args, "--gpu-memory-utilization") == f"{util:.2f}"
+    assert flag(args, "--max-model-len") == str(length)
+    if length > 32768:
+        factor = json.loads(flag(args, "--hf-overrides"))["rope_scaling"]["factor"]
+        assert factor == 1.5  # the smallest factor that reaches 49152 over 32768
+    else:
+        assert "--hf-overrides" not in args
+    assert c["HostConfig"]["Memory"] == 16 * GIB
+    assert c["HostConfig"]["NetworkMode"] == "host"
+
+
+def test_published_ladder_for_the_arbiter(host):
+    plan = json.loads(host.file("/root/vllm_plan.json").content_string)
+    got = [
+        (p.get("project", "vllm"), p["service"], p["gpu_memory_utilization"], p["max_model_len"])
+        for p in plan["arbiter_plans"]
+    ]
+    assert got == LADDER
+    reservations = [p["reservation_bytes"] for p in plan["arbiter_plans"]]
+    assert reservations == sorted(reservations, reverse=True)
+    assert plan["driver_headroom_bytes"] == int(0.8 * GIB)
+
+
+def _wait_health(host):
+    host.check_output(
+        "for i in $(seq 60); do python3 -c %s GET %s/health '' | head -1 | grep -qx 200 "
+        "&& exit 0; sleep 1; done; exit 1",
+        HTTP,
+        URL,
+    )
+
+
+def test_a_smaller_plan_really_starts_and_serves_its_context(host):
+    """The stand-in refuses what vLLM refuses (a context beyond the window, memory short):
+    the smallest plan started in place of the full one serves 32768 tokens on the same port."""
+    small = _inspect(host, "vllm-ladder", "plan2")["Id"]
+    full = _inspect(host, "vllm", "vllm")["Id"]
+    host.check_output("docker stop %s", full)
+    try:
+        host.check_output("docker start %s", small)
+        _wait_health(host)
+        status, body = http(host, "GET", "/v1/models")
+        assert status == 200
+        assert [m["max_model_len"] for m in json.loads(body)["data"]] == [32768]
+    finally:
+        host.run("docker stop %s", small)
+        host.check_output("docker start %s", full)
+        _wait_health(host)

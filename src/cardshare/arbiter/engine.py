@@ -344,10 +344,11 @@ class Engine:
             "restore": self.config.restore_full_plan,
         }
 
-    async def _measure_free(self) -> FreeVram | None:
-        """What the card has free for vLLM, from a fresh scan; None when it cannot be read."""
+    async def _measure_free(self, max_age: float = 0.0) -> FreeVram | None:
+        """What the card has free for vLLM, from card data at most ``max_age`` old (0: a fresh
+        scan); None when it cannot be read."""
         try:
-            view = await self._waiting(self._card_view(self.clock.now()))
+            view = await self._waiting(self._card_view(self.clock.now() - max_age))
         except CardDataError as exc:
             log.info("no card data to choose vLLM's plan: %s", exc)
             return None
@@ -652,7 +653,9 @@ class Engine:
         idle = should_restore_plan(obs, self.config, self.clock.now())
         if not idle.go:
             return None
-        free = await self._measure_free()
+        # the recorder's data as fresh as a swap needs it, not a scan every poll (each one
+        # wakes the card)
+        free = await self._measure_free(self.config.card_data_max_age_seconds)
         if free is None:
             return None
         if self.restore_blocked is not None:

@@ -58,6 +58,7 @@ def test_filter_names() -> None:
         "vllm_model_args",
         "vllm_model_entry",
         "vllm_plan",
+        "vllm_plan_ladder",
         "vllm_serve_args",
     ]
 

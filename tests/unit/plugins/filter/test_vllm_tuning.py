@@ -755,9 +755,9 @@ MOE_AWQ_MESSAGE = (
         (
             {**QWEN25_7B, "native_ctx": 32768},
             "model 'Qwen2.5-7B-Instruct': unknown field(s) native_ctx; known fields are bits, "
-            "family, hf_repo, host_memory, moe, name, native_context, notes, "
-            "online_quantization, path, quantization, served_name, tool_call_parser, weights, "
-            "yarn_max_factor, yarn_supported",
+            "family, hf_repo, host_memory, kv_bytes_per_token, moe, name, native_context, notes, "
+            "online_quantization, path, quantization, runtime_overhead, served_name, "
+            "tool_call_parser, weights, yarn_max_factor, yarn_supported",
         ),
         (
             {k: v for k, v in QWEN25_7B.items() if k not in {"moe", "host_memory"}},
