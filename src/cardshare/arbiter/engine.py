@@ -34,6 +34,7 @@ from cardshare.arbiter.edges import (
     Unavailable,
 )
 from cardshare.arbiter.plans import (
+    CONTEXT_BOUND_PATTERNS,
     FreeVram,
     PassAction,
     Tenant,
@@ -80,6 +81,7 @@ from cardshare.errors import (
     ErrorKind,
     classify_tail,
     is_insufficient_vram_error,
+    matched_pattern,
     oom_killed_message,
 )
 
@@ -1036,7 +1038,12 @@ class Engine:
         free = await self._measure_free()
         self.restore_blocked = free
         holders = free.describe_holders() if free is not None else self._others_on_card()
-        step = vram_pass(self.plan_index, self.llm_vram_failures, len(self.config.plans))
+        step = vram_pass(
+            self.plan_index,
+            self.llm_vram_failures,
+            len(self.config.plans),
+            context_bound=matched_pattern(failure.message) in CONTEXT_BOUND_PATTERNS,
+        )
         tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
         if step.action is PassAction.GIVE_UP:
             self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())

@@ -147,15 +147,30 @@ class VramPass:
     plan: int  # the plan of the next attempt (the failed one for GIVE_UP)
 
 
-def vram_pass(failed_plan: int, failures: int, plan_count: int) -> VramPass:
+# vLLM's own words when the KV cache for max_model_len does not fit the memory it got: a
+# shorter context is the fix, not the same plan again (errors.py names the patterns)
+CONTEXT_BOUND_PATTERNS = frozenset(
+    {"vllm_kv_cache_too_small", "vllm_max_seq_len_over_kv_cache", "vllm_no_cache_memory"}
+)
+
+
+def vram_pass(
+    failed_plan: int, failures: int, plan_count: int, context_bound: bool = False
+) -> VramPass:
     """What follows the ``failures``-th insufficient-VRAM failure of a start series.
 
     1: reclaim and retry the same plan; 2: one plan down (the same when it is the smallest);
-    ``VRAM_MAX_ATTEMPTS`` (3) or more: give up. Never more than three attempts a series."""
+    ``VRAM_MAX_ATTEMPTS`` (3) or more: give up. Never more than three attempts a series.
+    ``context_bound`` (the KV cache for the plan's context did not fit): one plan down at
+    once, and give up when there is none (retrying the same context cannot help)."""
     if failures < 1:
         raise ValueError(f"failures is {failures}: a pass follows a failure")
     if failures >= VRAM_MAX_ATTEMPTS:
         return VramPass(PassAction.GIVE_UP, failed_plan)
+    if context_bound:
+        if failed_plan + 1 >= plan_count:
+            return VramPass(PassAction.GIVE_UP, failed_plan)
+        return VramPass(PassAction.STEP_DOWN, failed_plan + 1)
     if failures == 1:
         return VramPass(PassAction.RETRY_AFTER_RECLAIM, failed_plan)
     return VramPass(PassAction.STEP_DOWN, min(failed_plan + 1, plan_count - 1))

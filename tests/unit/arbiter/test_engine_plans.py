@@ -205,3 +205,33 @@ async def test_a_restarted_arbiter_finds_the_plan_that_runs(tmp_path: Path) -> N
     assert world.llm_service == "vllm-plan1"
     assert engine.state.phase is Phase.SERVE_LLM
     assert status_doc(engine)["llm_plan"]["service"] == "vllm-plan1"
+
+
+KV_LOG = (
+    "ValueError: To serve at least one request with the models's max seq len (65536), (7.00 "
+    "GiB KV cache is needed, which is larger than the available KV cache memory (4.50 GiB). "
+    "Based on the available memory, the estimated maximum model length is 42000. Try "
+    "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+    "engine.\n"
+)
+
+
+async def test_a_kv_cache_too_small_for_the_context_steps_down_without_a_retry(
+    tmp_path: Path,
+) -> None:
+    world = world_with_plans()
+    engine = engine_of(tmp_path, world)
+    engine.submit_job(WORKFLOW, {"in.png": PNG})
+    await run_until(engine, lambda e: e.mode is Mode.IMAGE)
+    world.llm_fails_start = KV_LOG  # plan 0's context does not fit its KV cache
+    await run_until(engine, lambda e: e.state.phase is Phase.WAIT_LLM_READY)
+    await engine.step()
+    assert "stepping down to plan 1" in engine.alerts["llm_insufficient_vram"]
+    world.llm_fails_start = None
+    await run_until(engine, serving)
+    assert world.plan_starts == ["vllm", "vllm-plan1"]
+    assert engine.plan_index == 1
+    # the card did not change: no restore that would fail the same way
+    for _ in range(30):
+        await engine.step()
+    assert world.plan_starts == ["vllm", "vllm-plan1"]

@@ -210,3 +210,19 @@ def test_config_refuses_bad_plans(plans: list[object], message: str) -> None:
 def test_config_refuses_a_bad_headroom() -> None:
     with pytest.raises(ConfigError, match="vram_headroom_bytes"):
         parse_config({**BASE, "vram_headroom_bytes": -1})
+
+
+@pytest.mark.parametrize(
+    ("failed", "failures", "action", "plan"),
+    [
+        (0, 1, PassAction.STEP_DOWN, 1),  # no reclaim-and-retry: the context is the problem
+        (1, 2, PassAction.STEP_DOWN, 2),
+        (2, 1, PassAction.GIVE_UP, 2),  # the smallest: the same context cannot fit again
+        (0, 3, PassAction.GIVE_UP, 0),
+    ],
+)
+def test_a_kv_cache_that_does_not_fit_steps_down_at_once(
+    failed: int, failures: int, action: PassAction, plan: int
+) -> None:
+    step = vram_pass(failed, failures, len(PLANS), context_bound=True)
+    assert (step.action, step.plan) == (action, plan)
