@@ -59,6 +59,10 @@ class ComfyApi(Protocol):
     async def saved(self, filename: str, subfolder: str) -> bytes | None: ...
     async def interrupt(self) -> None: ...
     async def clear_queue(self) -> None: ...
+    async def free(self) -> None:
+        """Ask ComfyUI to unload its models and free memory. It answers at once and frees
+        later: the release is proven by the card data, never by this answer."""
+        ...
 
 
 class ProxyApi(Protocol):
@@ -238,6 +242,9 @@ class HttpComfy:
 
     async def clear_queue(self) -> None:
         await self.http.request("POST", "/queue", json={"clear": True})
+
+    async def free(self) -> None:
+        await self.http.request("POST", "/free", json={"unload_models": True, "free_memory": True})
 
 
 class HttpProxy:

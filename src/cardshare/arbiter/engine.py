@@ -40,10 +40,12 @@ from cardshare.arbiter.plans import (
     Tenant,
     card_changed,
     choose_plan,
+    image_reclaim,
     measure_free,
     should_restore,
     tenants,
     vram_pass,
+    workflow_signature,
 )
 from cardshare.arbiter.resume import (
     JobStep,
@@ -205,6 +207,10 @@ class Engine:
         self.vram_gave_up: FreeVram | None = None  # the card when the last series gave up
         self.vram_gave_up_at = 0.0
         self.restore_blocked: FreeVram | None = None  # the card when a start last failed
+        # image jobs: the signature of the workflow whose models ComfyUI holds (None after a
+        # start), and ComfyUI's largest VRAM seen during the job in hand
+        self.comfy_signature: str | None = None
+        self.job_peak = 0
         self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
@@ -786,6 +792,7 @@ class Engine:
                 self.image_failures = 0
                 self.image_failure = ""
                 self.comfy_unanswered = 0
+                self.comfy_signature = None  # a new process: no models loaded
                 return Result(Outcome.OK, "ComfyUI answers /object_info")
             failure = await self._waiting(self._container_failure("image"))
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
@@ -1149,6 +1156,8 @@ class Engine:
                         return None
                     job = self.store.start_attempt(job.id, str(uuid.uuid4()), self.clock.now())
                 assert job.prompt_id is not None
+                await self._reclaim_for(job)
+                self.job_peak = 0
                 try:
                     workflow = await self._prepare(job)
                     got = await self.comfy.submit(workflow, job.prompt_id)
@@ -1161,6 +1170,7 @@ class Engine:
                     job = self.store.set_prompt_id(job.id, got)
                 continue
             # POLL
+            await self._sample_job_peak()
             if self.clock.now() >= deadline:
                 self._finish(
                     job,
@@ -1342,6 +1352,81 @@ class Engine:
     def _finish(self, job: Job, state: JobState, reason: str, outputs: int = 0) -> None:
         self.store.finish(job.id, state, reason, outputs, self.clock.now())
         log.info("job %s %s %s", job.id, state, reason)
+        if state is JobState.DONE:
+            signature = workflow_signature(job.workflow)
+            self.comfy_signature = signature
+            if self.job_peak > 0:
+                peak = self.store.record_workflow_peak(signature, self.job_peak, self.clock.now())
+                log.info("workflow %s: peak %d bytes (this run %d)", signature, peak, self.job_peak)
+        self.job_peak = 0
+
+    async def _sample_job_peak(self) -> None:
+        """ComfyUI's VRAM in the recorder's latest data (no scan of its own: each wakes the
+        card), kept as the job's peak."""
+        try:
+            view = await self._card_view(None)
+        except CardDataError:
+            return
+        self.job_peak = max(self.job_peak, view.vram_of(self.config.image_names))
+
+    async def _reclaim_for(self, job: Job) -> None:
+        """Before a job whose workflow ran before: when its measured peak does not fit what is
+        free because ComfyUI holds another workflow's models, ask ComfyUI to free them and wait
+        until the card data shows the release (never trusting /free's answer). Called between
+        jobs only: no prompt of the arbiter's runs in ComfyUI then."""
+        signature = workflow_signature(job.workflow)
+        peak = self.store.workflow_peak(signature)
+        if peak is None:
+            return
+        free = await self._measure_free()
+        if free is None or self.last_card is None:
+            return
+        comfy = self.last_card.vram_of(self.config.image_names)
+        others = free.held - comfy
+        decision = image_reclaim(
+            peak,
+            free.total,
+            comfy,
+            others,
+            self.config.vram_headroom_bytes,
+            same_models=self.comfy_signature == signature,
+        )
+        if not decision.free_first:
+            log.info("job %s: %s", job.id, decision.reason)
+            return
+        self.store.note(job.id, f"freeing ComfyUI's memory first: {decision.reason}")
+        try:
+            await self._waiting(self.comfy.free())
+        except (Unavailable, Rejected) as exc:
+            log.warning("job %s: POST /free failed: %s", job.id, exc)
+            return
+        self.comfy_signature = None
+        before = comfy
+        deadline = self.clock.now() + self.config.image_release_timeout_seconds
+        while self.clock.now() < deadline:
+            await self._pause(self.config.poll_interval_seconds)
+            now = await self._measure_free()
+            if now is None or self.last_card is None:
+                continue
+            comfy = self.last_card.vram_of(self.config.image_names)
+            after = image_reclaim(
+                peak, now.total, comfy, now.held - comfy, self.config.vram_headroom_bytes, False
+            )
+            # released: the job fits now, or ComfyUI gave back nine tenths of what it held
+            if not after.free_first or comfy <= before // 10:
+                log.info(
+                    "job %s: ComfyUI holds %d bytes after /free (%d before): %s",
+                    job.id,
+                    comfy,
+                    before,
+                    after.reason,
+                )
+                return
+        log.warning(
+            "job %s: ComfyUI's memory not released within %g s; running it anyway",
+            job.id,
+            self.config.image_release_timeout_seconds,
+        )
 
     # -- jobs API helpers ---------------------------------------------------------------------
 

@@ -16,9 +16,12 @@ every swap: the retrieval tier), ``yielding`` (work that steps aside when asked)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from cardshare.arbiter.cardview import CardView
 from cardshare.errors import VRAM_MAX_ATTEMPTS
@@ -194,3 +197,75 @@ def should_restore(
     choice = choose_plan(plans[:current], free, headroom)
     fits = plans[choice.index].reservation_bytes + headroom <= free.free
     return choice if fits else None
+
+
+# -- image jobs: what a workflow needs, and when to ask ComfyUI to free its memory ----------
+
+MODEL_SUFFIXES = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".onnx")
+SIZE_INPUTS = frozenset({"width", "height", "batch_size", "length", "megapixels", "upscale_by"})
+
+
+def workflow_signature(workflow: Mapping[str, Any]) -> str:
+    """What decides a workflow's VRAM, as a short hash: each node's class, the model files it
+    loads and the sizes it renders at. Seeds, prompts, input images and file names do not
+    count: two jobs of one workflow with other prompts share their peak."""
+    nodes = []
+    for node_id in sorted(workflow, key=str):
+        node = workflow[node_id]
+        if not isinstance(node, Mapping):
+            continue
+        raw = node.get("inputs")
+        inputs: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        kept = {
+            key: value
+            for key, value in sorted(inputs.items())
+            if (isinstance(value, str) and value.lower().endswith(MODEL_SUFFIXES))
+            or (
+                key in SIZE_INPUTS
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            )
+        }
+        nodes.append([str(node.get("class_type")), kept])
+    text = json.dumps(nodes, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ImageReclaim:
+    free_first: bool  # POST /free and wait for the release before the job
+    reason: str
+
+
+def image_reclaim(
+    peak: int | None,
+    total: int | None,
+    comfy_holds: int,
+    others_hold: int,
+    headroom: int,
+    same_models: bool,
+) -> ImageReclaim:
+    """Before a job: does it fit what is free, counting ComfyUI's own cached models as free
+    only when the previous job loaded the same ones (``same_models``)? When it does not and
+    ComfyUI holds memory it could give back, free it first. ComfyUI's memory is the only one
+    the arbiter can reclaim here (the others are foreign or resident); a job that still does
+    not fit runs anyway, and an insufficient-VRAM failure is retried in bounded passes."""
+    if peak is None:
+        return ImageReclaim(False, "a workflow never run before: no peak to compare")
+    if total is None:
+        return ImageReclaim(False, "the card's size is unknown")
+    usable = total - others_hold - (0 if same_models else comfy_holds)
+    need = peak + headroom
+    if usable >= need:
+        return ImageReclaim(False, f"its peak {_gib(peak)} fits {_gib(usable)} free")
+    if same_models or comfy_holds <= 0:
+        return ImageReclaim(
+            False,
+            f"its peak {_gib(peak)} + {_gib(headroom)} headroom is more than the "
+            f"{_gib(usable)} free, held by others: run it, bounded retries if it fails",
+        )
+    return ImageReclaim(
+        True,
+        f"its peak {_gib(peak)} + {_gib(headroom)} headroom is more than the {_gib(usable)} "
+        f"free while ComfyUI holds {_gib(comfy_holds)} of another workflow's models",
+    )

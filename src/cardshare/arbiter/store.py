@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     saved TEXT
 );
+-- ComfyUI's largest VRAM seen while a workflow ran, by its signature (plans.workflow_signature)
+CREATE TABLE IF NOT EXISTS workflow_peaks (
+    signature TEXT PRIMARY KEY,
+    peak_bytes INTEGER NOT NULL,
+    runs INTEGER NOT NULL,
+    updated REAL NOT NULL
+);
 """
 
 # columns added after the first release: (name, definition) added to an older database
@@ -451,6 +458,26 @@ class Store:
     def engine_error(self, job_id: str, reason: str) -> Job:
         """Count an unexpected error of the arbiter while it ran this job."""
         return self._update(job_id, "errors = errors + 1, reason = ?", (reason,))
+
+    def workflow_peak(self, signature: str) -> int | None:
+        """ComfyUI's largest VRAM seen under the workflow signature, None when never run."""
+        row = self.conn.execute(
+            "SELECT peak_bytes FROM workflow_peaks WHERE signature = ?", (signature,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def record_workflow_peak(self, signature: str, peak_bytes: int, now: float) -> int:
+        """Keep the larger of the known peak and this run's; the peak now known."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO workflow_peaks (signature, peak_bytes, runs, updated) "
+                "VALUES (?, ?, 1, ?) ON CONFLICT(signature) DO UPDATE SET "
+                "peak_bytes = max(peak_bytes, excluded.peak_bytes), runs = runs + 1, "
+                "updated = excluded.updated",
+                (signature, peak_bytes, now),
+            )
+        peak = self.workflow_peak(signature)
+        return peak if peak is not None else peak_bytes
 
     def cancel(self, job_id: str, now: float) -> JobState | None:
         """Cancel a job: a queued one at once (CANCELLED), a running one by request (RUNNING:

@@ -106,6 +106,12 @@ class World:
     card_total: int | None = None
     llm_service: str = "vllm"
     plan_starts: list[str] = field(default_factory=list)  # the service of each real start
+    # ComfyUI's VRAM: its models while loaded; /free drops it to the baseline after a delay
+    # (it answers at once, as the real one does), a new prompt loads them again
+    comfy_vram: int = 20 * 2**30
+    comfy_baseline: int = 512 * 2**20
+    free_delay: float = 3.0
+    freed_at: float | None = None
     view_not_found: int = 0  # the next N /view calls answer 404 whatever is on disk
     view_not_image: int = 0  # the next N /view calls answer 200 with an HTML error page
     proxy: dict[str, Any] = field(
@@ -125,8 +131,13 @@ class World:
     def held_by_others(self) -> int:
         held = sum(c.vram_bytes for c in self.others)
         if self.image.running:
-            held += 20 * 2**30
+            held += self.comfy_now()
         return held
+
+    def comfy_now(self) -> int:
+        if self.freed_at is not None and self.clock.now() >= self.freed_at:
+            return self.comfy_baseline
+        return self.comfy_vram
 
     def container(self, role: Role) -> FakeContainer:
         return self.llm if role == "llm" else self.image
@@ -242,7 +253,7 @@ class FakeCard:
         if self.w.llm.running or self.w.llm_vram_lingers:
             clients.append(CardClient(f"vllm/{self.w.llm_service}", self.w.llm_vram(), ("ccs",)))
         if self.w.image.running:
-            clients.append(CardClient("comfyui/comfyui", 20 * 2**30, ()))
+            clients.append(CardClient("comfyui/comfyui", self.w.comfy_now(), ()))
         return CardView(self.w.clock.now(), tuple(clients), self.w.card_total)
 
 
@@ -346,6 +357,7 @@ class FakeComfy:
             detail, self.w.reject_next = self.w.reject_next, None
             raise Rejected("POST /prompt answered 400", detail)
         self.w.prompts[prompt_id] = workflow
+        self.w.freed_at = None  # the prompt loads its models again
         if self.w.hang_next:
             self.w.hang_next -= 1
             self.w.durations[prompt_id] = float("inf")
@@ -400,6 +412,11 @@ class FakeComfy:
     async def clear_queue(self) -> None:
         await self._arrive("queue_clear")
         del self.w.queue[1:]  # the running prompt stays: only /interrupt stops it
+
+    async def free(self) -> None:
+        await self._arrive("free")
+        self.w.calls.append(f"free (queue {len(self.w.queue)})")
+        self.w.freed_at = self.w.clock.now() + self.w.free_delay
 
 
 def _error_entry(prompt_id: str, kind: str, message: str) -> dict[str, Any]:

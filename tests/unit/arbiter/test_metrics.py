@@ -24,6 +24,7 @@ TYPES = {
     f"{P}_faults": "counter",
     f"{P}_engine_up": "gauge",
     f"{P}_heartbeat_age_seconds": "gauge",
+    f"{P}_tenant_vram_bytes": "gauge",
 }
 SWAP = SwapRecord(
     id=7,
@@ -121,3 +122,20 @@ def test_alerts_and_faults_with_label_values_needing_escapes() -> None:
     assert m(f"{P}_faults_total", kind="llm_not_ready") == 0
     assert m(f"{P}_engine_up") == 0
     assert m(f"{P}_heartbeat_age_seconds") == 12.5
+
+
+def test_vllm_plan_and_the_tenants_by_kind() -> None:
+    got = read(
+        plan={"index": 2, "max_model_len": 32768, "degraded": True},
+        tenants=[
+            ("vllm-ladder/plan2", "owner", 20 * 2**30),
+            ("retrieval/ovms", "resident", 4 * 2**30),
+            ("plex/plex", "foreign", 2 * 2**30),
+            ("plex/plex", "foreign", 2 * 2**30),  # on two cards: one series, summed
+        ],
+    )
+    assert got.types[f"{P}_llm_plan"] == "gauge"
+    assert got(f"{P}_llm_plan") == 2
+    assert got(f"{P}_llm_max_model_len") == 32768
+    assert got(f"{P}_tenant_vram_bytes", tenant="retrieval/ovms", kind="resident") == 4 * 2**30
+    assert got(f"{P}_tenant_vram_bytes", tenant="plex/plex", kind="foreign") == 4 * 2**30
