@@ -61,6 +61,11 @@ class Config:
     vram_retry_margin_bytes: int = 512 * 1024 * 1024
     # a smaller plan serving: go back to a larger one when it fits, at an idle moment
     restore_full_plan: bool = True
+    # a policy, off by default (the veto stands): swap to image while a foreign client (Plex)
+    # is on the card when the next job's measured peak, everyone's measured VRAM, the reserve
+    # for new foreign work (Plex's next transcodes) and the headroom fit the card
+    image_beside_foreign: bool = False
+    foreign_reserve_bytes: int = 0
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
     poll_interval_seconds: float = 2.0
@@ -170,6 +175,8 @@ _KNOWN = (
         "vram_headroom_bytes",
         "vram_retry_margin_bytes",
         "restore_full_plan",
+        "image_beside_foreign",
+        "foreign_reserve_bytes",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -305,6 +312,7 @@ def parse_config(raw: Any) -> Config:
         ("card_vram_bytes", 1),
         ("vram_headroom_bytes", 0),
         ("vram_retry_margin_bytes", 1),
+        ("foreign_reserve_bytes", 0),
     ):
         if raw.get(key) is not None:
             if not _whole(raw[key], minimum):
@@ -339,7 +347,7 @@ def parse_config(raw: Any) -> Config:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise _err("listen_port", port, "set it to a TCP port between 1 and 65535")
         kwargs["listen_port"] = port
-    for key in ("handback_on_waiting_agent", "restore_full_plan"):
+    for key in ("handback_on_waiting_agent", "restore_full_plan", "image_beside_foreign"):
         if key in raw:
             if not isinstance(raw[key], bool):
                 raise _err(key, raw[key], "use true or false")

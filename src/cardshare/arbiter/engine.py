@@ -631,7 +631,14 @@ class Engine:
             storage_problem=self.storage_paused,
             image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
             image_failure=self.image_failure or None,
+            next_job_peak=self._next_job_peak() if queue_length > 0 else None,
         )
+
+    def _next_job_peak(self) -> int | None:
+        job = self.store.next_job()
+        if job is None:
+            return None
+        return self.store.workflow_peak(workflow_signature(job.workflow))
 
     # -- phase actions -----------------------------------------------------------------------
 

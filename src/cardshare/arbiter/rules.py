@@ -136,6 +136,8 @@ class SwapObservations:
     storage_problem: str | None = None  # the data directory cannot take the jobs' outputs
     image_retry_in: float | None = None  # ComfyUI failed to come up: seconds to wait
     image_failure: str | None = None
+    # the next job's workflow: ComfyUI's peak VRAM measured in earlier runs (None: unknown)
+    next_job_peak: int | None = None
 
 
 def _gib(n: int) -> str:
@@ -194,13 +196,20 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
             )
         # the arbiter's own containers and the card's residents (the retrieval tier, planned
         # as a reservation) are never foreign clients
-        for other in obs.card.others(
+        foreign = obs.card.others(
             config.llm_names + config.image_names + config.resident_client_names
-        ):
-            blockers.append(
-                "another client is on the card: "
-                + describe_client(other.name, other.vram_bytes, other.busy_engines)
-            )
+        )
+        beside = image_fits_beside(obs, config) if foreign else None
+        if beside is not None:
+            # the policy image_beside_foreign: the job provably fits beside them
+            fits_beside = beside
+        else:
+            fits_beside = ""
+            for other in foreign:
+                blockers.append(
+                    "another client is on the card: "
+                    + describe_client(other.name, other.vram_bytes, other.busy_engines)
+                )
     if blockers:
         return Decision(False, tuple(blockers))
     return Decision(
@@ -208,8 +217,30 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
         (
             f"{obs.queue_length} job(s) queued",
             f"vLLM idle for {idle_for:.0f} s",
-            "no other client on the card",
+            fits_beside or "no other client on the card",
         ),
+    )
+
+
+def image_fits_beside(obs: SwapObservations, config: Config) -> str | None:
+    """With ``image_beside_foreign`` on: the reason the next job provably fits beside the
+    foreign clients on the card (its workflow's measured peak, the residents and the foreign
+    clients as measured, the foreign reserve for new transcodes and the headroom within the
+    card), else None (the veto stands)."""
+    if not config.image_beside_foreign or obs.card is None or obs.next_job_peak is None:
+        return None
+    total = config.card_vram_bytes or obs.card.vram_total_bytes
+    if total is None:
+        return None
+    owners = set(config.llm_names + config.image_names)
+    held = sum(c.vram_bytes for c in obs.card.clients if c.name not in owners)
+    need = obs.next_job_peak + held + config.foreign_reserve_bytes + config.vram_headroom_bytes
+    if need > total:
+        return None
+    return (
+        f"the next job's peak {_gib(obs.next_job_peak)} fits beside the other clients "
+        f"({_gib(held)}), the foreign reserve ({_gib(config.foreign_reserve_bytes)}) and "
+        f"the headroom within {_gib(total)} (image_beside_foreign)"
     )
 
 

@@ -463,3 +463,41 @@ def test_parse_card_view_errors(doc: Any, message: str) -> None:
     with pytest.raises(CardDataError) as info:
         parse_card_view(doc)
     assert str(info.value) == message
+
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("policy", "peak", "plex", "go"),
+    [
+        (False, 20 * GIB, 2 * GIB, False),  # the default: the veto stands
+        (True, None, 2 * GIB, False),  # a workflow never run: no proof, the veto stands
+        # 20 + 2 (plex) + 4 (retrieval) + 4 (reserve) + 1 (headroom) = 31 <= 32
+        (True, 20 * GIB, 2 * GIB, True),
+        # one GiB more of Plex: 32 + 1 > 32
+        (True, 20 * GIB, 3 * GIB + 1, False),
+    ],
+)
+def test_image_beside_a_foreign_client_only_when_it_provably_fits(
+    policy: bool, peak: int | None, plex: int, go: bool
+) -> None:
+    card = CardView(
+        NOW,
+        (CardClient("plex/plex", plex, ("vcs",)), CardClient("retrieval/ovms", 4 * GIB, ())),
+        32 * GIB,
+    )
+    config = make_config(
+        Path("/nonexistent"),
+        card_data_max_age_seconds=120.0,
+        resident_client_names=("retrieval/ovms",),
+        image_beside_foreign=policy,
+        foreign_reserve_bytes=4 * GIB,
+        vram_headroom_bytes=GIB,
+    )
+    decision = should_swap_to_image(obs(card=card, next_job_peak=peak), config, NOW)
+    assert decision.go is go, decision.reasons
+    if go:
+        assert "image_beside_foreign" in decision.reasons[-1]
+    else:
+        assert any("plex/plex" in r for r in decision.reasons)
