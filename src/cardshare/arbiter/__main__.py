@@ -18,7 +18,13 @@ from aiohttp import web
 from cardshare.arbiter.api import build_app
 from cardshare.arbiter.cardview import RecorderFileSource
 from cardshare.arbiter.config import Config, ConfigError, load_config
-from cardshare.arbiter.edges import DockerContainers, HttpComfy, HttpLlm, HttpProxy
+from cardshare.arbiter.edges import (
+    DockerContainers,
+    HttpComfy,
+    HttpLlm,
+    HttpProxy,
+    HttpYielding,
+)
 from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store, StoreError
 from cardshare.docker_api import DockerClient
@@ -72,6 +78,11 @@ async def serve(config: Config, token: str) -> int:
             card=RecorderFileSource(config.card_current_json, config.card_scan_argv),
             proxy=HttpProxy(session, config.proxy_url, config.http_timeout_seconds)
             if config.proxy_url
+            else None,
+            yielding=HttpYielding(
+                session, {t.name: (t.url, t.ack_seconds) for t in config.yielding_tenants}
+            )
+            if config.yielding_tenants
             else None,
         )
         runner = guarded_runner(

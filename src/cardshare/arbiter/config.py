@@ -28,6 +28,13 @@ class ContainerRef:
 
 
 @dataclass(frozen=True)
+class YieldingTenant:
+    name: str  # as the recorder names the client (project/service)
+    url: str
+    ack_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
 class Config:
     data_dir: Path
     vllm_url: str
@@ -66,6 +73,12 @@ class Config:
     # for new foreign work (Plex's next transcodes) and the headroom fit the card
     image_beside_foreign: bool = False
     foreign_reserve_bytes: int = 0
+    # yielding tenants the arbiter can ask to step aside: name -> (base URL, seconds its ack
+    # may take); their names are yielding clients too
+    yielding_tenants: tuple[YieldingTenant, ...] = ()
+    # how long a pause lasts unless renewed (a lease: a tenant never stays paused for an
+    # arbiter that went away)
+    yield_lease_seconds: float = 900.0
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
     poll_interval_seconds: float = 2.0
@@ -113,6 +126,12 @@ class Config:
         return ContainerRef(plan.project or self.llm_container.project, plan.service)
 
     @property
+    def yielding_names(self) -> tuple[str, ...]:
+        names = list(self.yielding_client_names)
+        names += [t.name for t in self.yielding_tenants if t.name not in names]
+        return tuple(names)
+
+    @property
     def llm_names(self) -> tuple[str, ...]:
         return self.llm_client_names or tuple(
             self.plan_container(i).client_name for i in range(len(self.plans))
@@ -145,6 +164,7 @@ _POSITIVE_FLOAT = (
     "header_timeout_seconds",
     "body_timeout_seconds",
     "keepalive_timeout_seconds",
+    "yield_lease_seconds",
 )
 _POSITIVE_INT = (
     "stop_timeout_seconds",
@@ -177,6 +197,7 @@ _KNOWN = (
         "restore_full_plan",
         "image_beside_foreign",
         "foreign_reserve_bytes",
+        "yielding_tenants",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -277,6 +298,35 @@ def _plans(raw: dict[str, Any], llm: ContainerRef) -> tuple[LlmPlan, ...]:
     return tuple(plans)
 
 
+def _yielding_tenants(raw: dict[str, Any]) -> tuple[YieldingTenant, ...]:
+    value = raw.get("yielding_tenants", [])
+    example = (
+        'give a list of {"name": "<project/service>", "url": "http://127.0.0.1:8097", '
+        '"ack_seconds": 10}'
+    )
+    if not isinstance(value, list):
+        raise _err("yielding_tenants", value, example)
+    tenants = []
+    for i, item in enumerate(value):
+        key = f"yielding_tenants[{i}]"
+        if not isinstance(item, dict) or not {"name", "url"} <= set(item) <= {
+            "name",
+            "url",
+            "ack_seconds",
+        }:
+            raise _err(key, item, example)
+        if not isinstance(item["name"], str) or "/" not in item["name"]:
+            raise _err(f"{key}.name", item["name"], "set it to the client's project/service")
+        url = item["url"]
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise _err(f"{key}.url", url, "set it to an http:// or https:// base URL")
+        ack = item.get("ack_seconds", 30.0)
+        if isinstance(ack, bool) or not isinstance(ack, int | float) or not 0 < ack <= 300:
+            raise _err(f"{key}.ack_seconds", ack, "set it to seconds in (0, 300]")
+        tenants.append(YieldingTenant(item["name"], url.rstrip("/"), float(ack)))
+    return tuple(tenants)
+
+
 def parse_config(raw: Any) -> Config:
     """Validate a decoded JSON document and build a :class:`Config`."""
     if not isinstance(raw, dict):
@@ -308,6 +358,7 @@ def parse_config(raw: Any) -> Config:
         "yielding_client_names": _str_list(raw, "yielding_client_names"),
     }
     kwargs["llm_plans"] = _plans(raw, kwargs["llm_container"])
+    kwargs["yielding_tenants"] = _yielding_tenants(raw)
     for key, minimum in (
         ("card_vram_bytes", 1),
         ("vram_headroom_bytes", 0),

@@ -69,6 +69,18 @@ class ProxyApi(Protocol):
     async def state(self) -> dict[str, Any]: ...
 
 
+class YieldingApi(Protocol):
+    """The yielding tenants' side of the card (a re-encode campaign): each serves
+    ``POST /v1/pause`` and ``POST /v1/resume`` (see roles/arbiter/docs/api.md)."""
+
+    async def pause(self, name: str, seconds: float, reason: str) -> int:
+        """Ask the tenant to step aside for ``seconds`` (a lease); its answer is the ack,
+        with the VRAM it still holds. Unavailable/Rejected when it does not ack in time."""
+        ...
+
+    async def resume(self, name: str) -> None: ...
+
+
 # -- real implementations -------------------------------------------------------------
 
 
@@ -255,6 +267,33 @@ class HttpProxy:
         return _object((await self.http.request("GET", "/proxy/state"))[1], "GET /proxy/state")
 
 
+class HttpYielding:
+    """The yielding tenants by name, each at its base URL; an ack must come within the
+    tenant's own bound (its timeout here)."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, tenants: dict[str, tuple[str, float]]
+    ) -> None:
+        self.http = {
+            name: _Http(session, url, ack_seconds) for name, (url, ack_seconds) in tenants.items()
+        }
+
+    async def pause(self, name: str, seconds: float, reason: str) -> int:
+        body = {"holder": "cardshare-arbiter", "seconds": seconds, "reason": reason[:300]}
+        _, raw = await self.http[name].request("POST", "/v1/pause", json=body)
+        doc = _object(raw, f"POST /v1/pause of {name}")
+        vram = doc.get("vram_bytes")
+        if doc.get("paused") is not True or isinstance(vram, bool) or not isinstance(vram, int):
+            raise Unavailable(
+                f"POST /v1/pause of {name} answered {raw[:120]!r}: not an ack "
+                '({"paused": true, "vram_bytes": N})'
+            )
+        return vram
+
+    async def resume(self, name: str) -> None:
+        await self.http[name].request("POST", "/v1/resume", json={"holder": "cardshare-arbiter"})
+
+
 __all__ = [
     "ComfyApi",
     "ContainerState",
@@ -264,9 +303,11 @@ __all__ = [
     "HttpComfy",
     "HttpLlm",
     "HttpProxy",
+    "HttpYielding",
     "LlmApi",
     "ProxyApi",
     "Rejected",
     "Role",
     "Unavailable",
+    "YieldingApi",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import errno
 import json
 import logging
@@ -32,6 +33,7 @@ from cardshare.arbiter.edges import (
     Rejected,
     Role,
     Unavailable,
+    YieldingApi,
 )
 from cardshare.arbiter.plans import (
     CONTEXT_BOUND_PATTERNS,
@@ -173,6 +175,7 @@ class Engine:
     card: CardSource
     proxy: ProxyApi | None = None
     clock: Clock = field(default_factory=RealClock)
+    yielding: YieldingApi | None = None
 
     def __post_init__(self) -> None:
         now = self.clock.now()
@@ -211,6 +214,8 @@ class Engine:
         # start), and ComfyUI's largest VRAM seen during the job in hand
         self.comfy_signature: str | None = None
         self.job_peak = 0
+        # yielding tenants that acknowledged a pause: name -> the end of the lease
+        self.paused: dict[str, float] = {}
         self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
@@ -632,6 +637,7 @@ class Engine:
             image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
             image_failure=self.image_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
+            paused=frozenset(n for n, until in self.paused.items() if until > now),
         )
 
     def _next_job_peak(self) -> int | None:
@@ -656,12 +662,66 @@ class Engine:
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
+        if obs.queue_length > 0 and self._only_yielding_in_the_way(obs):
+            await self._pause_yielding("a swap to image: jobs are queued")
+        elif obs.queue_length == 0 and self.paused:
+            await self._resume_yielding()
         if self.plan_index > 0:
             restore = await self._restore_plan(obs)
             if restore is not None:
                 return restore
         await self._idle_wait()
         return None
+
+    def _only_yielding_in_the_way(self, obs: SwapObservations) -> bool:
+        """Would the swap go if the yielding tenants stepped aside?"""
+        if self.yielding is None or obs.card is None or not self.config.yielding_tenants:
+            return False
+        names = {t.name for t in self.config.yielding_tenants}
+        if not any(c.name in names for c in obs.card.clients):
+            return False
+        without = CardView(
+            obs.card.scanned_at,
+            tuple(c for c in obs.card.clients if c.name not in names),
+            obs.card.vram_total_bytes,
+        )
+        return should_swap_to_image(
+            dataclasses.replace(obs, card=without), self.config, self.clock.now()
+        ).go
+
+    async def _pause_yielding(self, reason: str) -> None:
+        """Ask every yielding tenant on the card to step aside (renewing a lease past its
+        half); an ack within the tenant's bound is a pause, anything else leaves it a blocker."""
+        if self.yielding is None:
+            return
+        now = self.clock.now()
+        lease = self.config.yield_lease_seconds
+        on_card = {c.name for c in self.last_card.clients} if self.last_card else set()
+        for tenant in self.config.yielding_tenants:
+            until = self.paused.get(tenant.name)
+            if until is not None and until - now > lease / 2:
+                continue
+            if until is None and tenant.name not in on_card:
+                continue
+            try:
+                held = await self._waiting(self.yielding.pause(tenant.name, lease, reason))
+            except (Unavailable, Rejected) as exc:
+                log.warning("yielding tenant %s did not ack a pause: %s", tenant.name, exc)
+                self.paused.pop(tenant.name, None)
+                continue
+            self.paused[tenant.name] = self.clock.now() + lease
+            log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
+
+    async def _resume_yielding(self) -> None:
+        if self.yielding is None:
+            self.paused.clear()
+            return
+        for name in list(self.paused):
+            try:
+                await self._waiting(self.yielding.resume(name))
+            except (Unavailable, Rejected) as exc:  # its lease ends by itself
+                log.warning("yielding tenant %s: resume failed: %s", name, exc)
+            self.paused.pop(name, None)
 
     async def _restore_plan(self, obs: SwapObservations) -> Result | None:
         """A smaller plan serves: back to a larger one when it fits, at an idle moment."""
@@ -822,6 +882,8 @@ class Engine:
             await self._pause(self.config.poll_interval_seconds)
 
     async def _run_jobs(self) -> Result | None:
+        if self.paused:
+            await self._pause_yielding("image jobs run")  # renews a lease past its half
         if self.storage_paused is not None:
             return Result(
                 Outcome.HAND_BACK, f"jobs paused, the data directory fails: {self.storage_paused}"
@@ -1015,6 +1077,7 @@ class Engine:
                 self.llm_failures = 0
                 self.llm_vram_failures = 0
                 self.plan_next = None
+                await self._resume_yielding()
                 self._clear(
                     Alert.LLM_NOT_READY,
                     Alert.LLM_INSUFFICIENT_VRAM,
@@ -1088,8 +1151,10 @@ class Engine:
         return Result(Outcome.FAILED, f"vLLM failed to start for want of VRAM: {what}")
 
     async def _reclaim(self) -> None:
-        """Before the retry: ComfyUI off the card (stopped, its release measured). Never from
-        under a job: vLLM starts only in the handback, after the jobs' phase ended."""
+        """Before the retry: ComfyUI off the card (stopped, its release measured) and the
+        yielding tenants paused. Never from under a job: vLLM starts only in the handback,
+        after the jobs' phase ended."""
+        await self._pause_yielding("vLLM could not get its memory at start")
         try:
             if (await self._waiting(self.containers.state("image"))).running:
                 await self._waiting(self.containers.stop("image", self.config.stop_timeout_seconds))

@@ -138,6 +138,8 @@ class SwapObservations:
     image_failure: str | None = None
     # the next job's workflow: ComfyUI's peak VRAM measured in earlier runs (None: unknown)
     next_job_peak: int | None = None
+    # yielding tenants that acknowledged a pause (they step aside for the swap)
+    paused: frozenset[str] = frozenset()
 
 
 def _gib(n: int) -> str:
@@ -196,9 +198,27 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
             )
         # the arbiter's own containers and the card's residents (the retrieval tier, planned
         # as a reservation) are never foreign clients
-        foreign = obs.card.others(
+        others = obs.card.others(
             config.llm_names + config.image_names + config.resident_client_names
         )
+        # a yielding tenant steps aside: once it acknowledged a pause and the card shows its
+        # memory gone, it holds nothing
+        yielding = set(config.yielding_names)
+        for tenant in others:
+            if tenant.name not in yielding:
+                continue
+            if tenant.name in obs.paused and tenant.vram_bytes == 0:
+                continue
+            state = (
+                "paused, its memory not released yet"
+                if tenant.name in obs.paused
+                else ("not paused")
+            )
+            blockers.append(
+                f"a yielding tenant is on the card ({state}): "
+                + describe_client(tenant.name, tenant.vram_bytes, tenant.busy_engines)
+            )
+        foreign = tuple(c for c in others if c.name not in yielding)
         beside = image_fits_beside(obs, config) if foreign else None
         if beside is not None:
             # the policy image_beside_foreign: the job provably fits beside them
