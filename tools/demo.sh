@@ -16,8 +16,9 @@ lab/scripts/images.sh
 lab/scripts/host.sh up
 
 logs=.cache/demo; mkdir -p "$logs"
-echo; echo "==> the one step a user does by hand: download the image model (SIMULATION: placeholders)"
+echo; echo "==> the one step a user does by hand: download the models (SIMULATION: placeholders)"
 ansible-playbook -i inventories/lab lab/playbooks/comfyui-models.yml >"$logs/models.log"
+ansible-playbook -i inventories/lab lab/playbooks/vllm-weights.yml >>"$logs/models.log"
 run_site() {
   ANSIBLE_STDOUT_CALLBACK=default ansible-playbook -i inventories/lab playbooks/site.yml --diff "$@"
 }

@@ -29,7 +29,9 @@ OpenAI-shaped API with canned text:
 
 Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
 ``STANDIN_NATIVE_CONTEXT`` (32768), ``STANDIN_MAX_RUNNING`` (``--max-num-seqs``),
-``STANDIN_RELEASE_SECONDS`` (1), ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+``STANDIN_RELEASE_SECONDS`` (1), ``STANDIN_READ_WEIGHTS`` (unset; ``1``: read every
+``*.safetensors`` of the model to its end after the load time, as the loader does),
+``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
 """
 
 from __future__ import annotations
@@ -284,6 +286,7 @@ class Settings:
     release_seconds: float
     api_key: str | None = None
     argv: tuple[str, ...] = field(default=())
+    read_weights: bool = False
 
 
 def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -325,7 +328,19 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         release_seconds=float(env.get("STANDIN_RELEASE_SECONDS", "1")),
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         argv=tuple(argv),
+        read_weights=env.get("STANDIN_READ_WEIGHTS", "") in ("1", "true"),
     )
+
+
+def read_weights(model: str) -> int:
+    """Read every ``*.safetensors`` under the model directory to its end, as vLLM's loader
+    does (from the page cache when they are there, else from the disk); the bytes read."""
+    total = 0
+    for path in sorted(Path(model).glob("*.safetensors")):
+        with path.open("rb", buffering=0) as handle:
+            while chunk := handle.read(8 * 1024 * 1024):
+                total += len(chunk)
+    return total
 
 
 def reply_tokens(max_tokens: int | None) -> tuple[list[str], str]:
@@ -946,6 +961,13 @@ def _serve(settings: Settings, card: SimClient) -> int:
     print(f"SIMULATION: loading {settings.model} for {settings.load_seconds}s", flush=True)
     if stop.wait(settings.load_seconds):
         return 0
+    if settings.read_weights:
+        started = time.monotonic()
+        size = read_weights(settings.model)
+        print(
+            f"SIMULATION: read {size} bytes of weights in {time.monotonic() - started:.2f}s",
+            flush=True,
+        )
     server = make_server(settings, card if card.registered else None)
     signal.signal(signal.SIGUSR1, lambda _s, _f: server.engine.kill())
     serve_in_thread(server)

@@ -420,6 +420,10 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
         assert "Plex Transcoder" in plan["reason"] or "plex" in plan["reason"], plan
         kinds = {t["name"]: t["kind"] for t in st["tenants"]}
         assert kinds["retrieval/ovms"] == "resident", kinds
+        # vLLM's weights were read ahead while the last job ran (SIMULATION: the lab's 64 MiB
+        # placeholder, lab/playbooks/vllm-weights.yml)
+        assert st["prewarm"]["state"] == "done", st["prewarm"]
+        assert st["prewarm"]["bytes_read"] == 64 * 1024 * 1024, st["prewarm"]
         assert "foreign" in {k for n, k in kinds.items() if "plex" in n.lower()}, kinds
         models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
         assert [m["max_model_len"] for m in models] == [plan["max_model_len"]]

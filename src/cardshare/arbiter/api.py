@@ -282,6 +282,7 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
             ],
         },
         "llm_plan": engine.plan_doc(),
+        "prewarm": engine.prewarm_report.doc(),
         "tenants": [
             {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
             for t in engine.tenants()

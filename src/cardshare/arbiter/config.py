@@ -79,6 +79,10 @@ class Config:
     # how long a pause lasts unless renewed (a lease: a tenant never stays paused for an
     # arbiter that went away)
     yield_lease_seconds: float = 900.0
+    # vLLM's weights (paths in the arbiter's container) read into the page cache while the
+    # last image job runs, while MemAvailable stays above what is left plus the margin
+    prewarm_paths: tuple[str, ...] = ()
+    prewarm_margin_bytes: int = 4 * 1024**3
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
     poll_interval_seconds: float = 2.0
@@ -198,6 +202,8 @@ _KNOWN = (
         "image_beside_foreign",
         "foreign_reserve_bytes",
         "yielding_tenants",
+        "prewarm_paths",
+        "prewarm_margin_bytes",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -356,7 +362,11 @@ def parse_config(raw: Any) -> Config:
         "image_client_names": _str_list(raw, "image_client_names"),
         "resident_client_names": _str_list(raw, "resident_client_names"),
         "yielding_client_names": _str_list(raw, "yielding_client_names"),
+        "prewarm_paths": _str_list(raw, "prewarm_paths"),
     }
+    for path in kwargs["prewarm_paths"]:
+        if not path.startswith("/"):
+            raise _err("prewarm_paths", list(kwargs["prewarm_paths"]), "give absolute paths")
     kwargs["llm_plans"] = _plans(raw, kwargs["llm_container"])
     kwargs["yielding_tenants"] = _yielding_tenants(raw)
     for key, minimum in (
@@ -364,6 +374,7 @@ def parse_config(raw: Any) -> Config:
         ("vram_headroom_bytes", 0),
         ("vram_retry_margin_bytes", 1),
         ("foreign_reserve_bytes", 0),
+        ("prewarm_margin_bytes", 0),
     ):
         if raw.get(key) is not None:
             if not _whole(raw[key], minimum):

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from cardshare.arbiter.cardview import CardDataError, CardSource, CardView
@@ -49,6 +50,7 @@ from cardshare.arbiter.plans import (
     vram_pass,
     workflow_signature,
 )
+from cardshare.arbiter.prewarm import PrewarmReport, prewarm, read_meminfo
 from cardshare.arbiter.resume import (
     JobStep,
     history_error,
@@ -176,6 +178,7 @@ class Engine:
     proxy: ProxyApi | None = None
     clock: Clock = field(default_factory=RealClock)
     yielding: YieldingApi | None = None
+    meminfo: Callable[[], int] = read_meminfo  # MemAvailable, for the pre-warm
 
     def __post_init__(self) -> None:
         now = self.clock.now()
@@ -216,6 +219,9 @@ class Engine:
         self.job_peak = 0
         # yielding tenants that acknowledged a pause: name -> the end of the lease
         self.paused: dict[str, float] = {}
+        # vLLM's weights read ahead while the last image job runs
+        self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
+        self.prewarm_report = PrewarmReport()
         self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
@@ -881,7 +887,29 @@ class Engine:
                 return self._image_failed(Result(Outcome.TIMEOUT, message))
             await self._pause(self.config.poll_interval_seconds)
 
+    def _maybe_prewarm(self) -> None:
+        """Start reading vLLM's weights once per image period: with the last job (or at the
+        handback when jobs are left for later)."""
+        if not self.config.prewarm_paths or self.prewarm_task is not None:
+            return
+        self.prewarm_report = PrewarmReport()
+        self.prewarm_task = asyncio.ensure_future(
+            prewarm(
+                [Path(p) for p in self.config.prewarm_paths],
+                self.config.prewarm_margin_bytes,
+                self.meminfo,
+                self.prewarm_report,
+            )
+        )
+
+    def _end_prewarm(self) -> None:
+        if self.prewarm_task is not None and not self.prewarm_task.done():
+            self.prewarm_task.cancel()
+        self.prewarm_task = None
+
     async def _run_jobs(self) -> Result | None:
+        if self.store.queue_length() <= 1:
+            self._maybe_prewarm()
         if self.paused:
             await self._pause_yielding("image jobs run")  # renews a lease past its half
         if self.storage_paused is not None:
@@ -946,6 +974,7 @@ class Engine:
         return Result(Outcome.OK, f"ComfyUI restarted (started at {after.started_at})")
 
     async def _stop_image(self) -> Result:
+        self._maybe_prewarm()
         delay = llm_retry_delay(
             self.image_stop_failures,
             self.config.llm_retry_backoff_seconds,
@@ -1077,6 +1106,7 @@ class Engine:
                 self.llm_failures = 0
                 self.llm_vram_failures = 0
                 self.plan_next = None
+                self._end_prewarm()
                 await self._resume_yielding()
                 self._clear(
                     Alert.LLM_NOT_READY,

@@ -538,3 +538,13 @@ def test_split_tokens_round_trips() -> None:
     for text in ("", "a", "  lead and trail  ", "x<|im_end|>\ny", "tab\tand\nnewline\n"):
         assert "".join(vs.split_tokens(text)) == text
     assert vs.split_tokens("x<|im_end|>\ny") == ["x", "<|im_end|>", "\ny"]
+
+
+def test_read_weights_reads_every_safetensors_file_to_its_end(tmp_path: Path) -> None:
+    (tmp_path / "model-00001.safetensors").write_bytes(b"a" * (9 * 1024 * 1024 + 5))
+    (tmp_path / "model-00002.safetensors").write_bytes(b"b" * 7)
+    (tmp_path / "config.json").write_text("{}")
+    assert vs.read_weights(str(tmp_path)) == 9 * 1024 * 1024 + 12
+    settings = vs.prepare(["serve", str(tmp_path)], {"STANDIN_READ_WEIGHTS": "1"})
+    assert settings.read_weights
+    assert not vs.prepare(["serve", str(tmp_path)], {}).read_weights
