@@ -135,6 +135,15 @@ def vllm_healthy(host: Any) -> bool:
     return lab(host, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"") == "200"
 
 
+def vllm_healthy_or_down(host: Any) -> bool:
+    """vLLM answers /health (False when nothing listens on its port)."""
+    out = host.run(
+        "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', "
+        "timeout=5)\""
+    )
+    return out.rc == 0
+
+
 def comfyui_running(host: Any) -> bool:
     out = lab(host, "docker ps --filter label=com.docker.compose.project=comfyui --format '{{.State}}'")
     return out.strip() == "running"
@@ -443,3 +452,60 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
     assert vllm_healthy(host)
     models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
     assert [m["max_model_len"] for m in models] == [65536]
+
+
+def test_no_plan_fits_three_attempts_then_out_of_llm_until_the_card_changes(
+    host: Any, arbiter: str, proxy: str, token: str
+) -> None:
+    """Eight simulated 2 GiB transcodes start while an image job runs: at the handback no plan
+    fits what is free, and the vLLM stand-in refuses as vLLM does ("Free memory on device
+    ... is less than desired GPU memory utilization"). The arbiter reclaims and retries, steps
+    down (there is no smaller plan), gives up after three attempts with an alert naming who
+    holds the memory, and starts nothing more; the transcodes end and a new series starts on
+    the full plan."""
+
+    def at_rest() -> dict[str, Any] | None:
+        st = status(arbiter)
+        return st if st["mode"] == "llm" and st["queue_length"] == 0 else None
+
+    wait_for("llm with an empty queue", at_rest, 180)
+    long_job = json.loads(json.dumps(WORKFLOW))
+    long_job["12"]["inputs"]["steps"] = 200  # about 20 s in the ComfyUI stand-in
+    body = {"workflow": long_job, "inputs": {"render.png": base64.b64encode(RENDER).decode()}}
+    resp = requests.post(f"{arbiter}/v1/jobs", json=body, headers=auth(), timeout=10)
+    assert resp.status_code == 201, resp.text
+    job_id = resp.json()["id"]
+    wait_for("the job to run", lambda: job(arbiter, job_id)["state"] == "running", 120, step=0.2)
+    transcode(host, "8")  # SIMULATION: 16 GiB of transcodes on the lab's 32 GiB card
+    try:
+        wait_for("the job to be done", lambda: all_done(arbiter, [job_id]), 300)
+
+        def gave_up() -> dict[str, Any] | None:
+            st = status(arbiter)
+            alerts = {a["name"]: a["message"] for a in st["alerts"]}
+            message = alerts.get("llm_insufficient_vram", "")
+            return st if "in 3 attempts" in message else None
+
+        st = wait_for("the third attempt to fail", gave_up, 300, step=1)
+        message = {a["name"]: a["message"] for a in st["alerts"]}["llm_insufficient_vram"]
+        assert "plex/plex" in message and "staying out of llm" in message, message
+        assert "Free memory on device" in message, message
+        assert st["mode"] == "swapping" and st["phase"] == "start_llm", st
+        # out of llm: no fourth start while the card holds what it held
+        started = lab(host, "docker inspect -f '{{.State.StartedAt}}' vllm-ladder-plan2-1").strip()
+        time.sleep(15)
+        assert status(arbiter)["phase"] == "start_llm"
+        assert lab(host, "docker inspect -f '{{.State.StartedAt}}' vllm-ladder-plan2-1").strip() == (
+            started
+        )
+        assert not vllm_healthy_or_down(host)
+    finally:
+        transcode(host, "off")
+
+    def full_plan() -> bool:
+        st = at_rest()
+        return st is not None and not st["llm_plan"]["degraded"]
+
+    wait_for("a new series on the full plan once the transcodes ended", full_plan, 240)
+    assert "llm_insufficient_vram" not in {a["name"] for a in status(arbiter)["alerts"]}
+    assert vllm_healthy(host)

@@ -1003,17 +1003,10 @@ class Engine:
         )
 
     async def _start_llm(self) -> Result | None:
-        delay = llm_retry_delay(
-            self.llm_failures,
-            self.config.llm_retry_backoff_seconds,
-            self.config.llm_retry_backoff_max_seconds,
-        )
-        if delay:
-            await self._pause(delay)
         plans = self.config.plans
-        free = await self._measure_free() if len(plans) > 1 or self.vram_gave_up else None
         if self.vram_gave_up is not None:
             # the last series gave up: stay out of llm until the card changes
+            free = await self._measure_free()
             waited = self.clock.now() - self.vram_gave_up_at
             changed = free is not None and card_changed(
                 self.vram_gave_up, free, self.config.vram_retry_margin_bytes
@@ -1027,6 +1020,16 @@ class Engine:
             )
             self.vram_gave_up = None
             self.llm_vram_failures = 0
+            self.llm_failures = 0  # a new series starts without the old one's backoff
+        else:
+            delay = llm_retry_delay(
+                self.llm_failures,
+                self.config.llm_retry_backoff_seconds,
+                self.config.llm_retry_backoff_max_seconds,
+            )
+            if delay:
+                await self._pause(delay)
+            free = await self._measure_free() if len(plans) > 1 else None
         if self.llm_vram_failures == 0 or self.plan_next is None:
             self.plan_attempts = []
             if len(plans) > 1 and free is not None:
@@ -1156,6 +1159,10 @@ class Engine:
             self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
             self.vram_gave_up_at = self.clock.now()
             self.plan_next = None
+            try:  # stopped, so that no restart policy keeps starting it meanwhile
+                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+            except DockerError as exc:
+                self._alert(Alert.DOCKER, str(exc))
             self._alert(
                 Alert.LLM_INSUFFICIENT_VRAM,
                 f"vLLM could not get its memory in {self.llm_vram_failures} attempts "
