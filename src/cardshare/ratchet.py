@@ -111,6 +111,8 @@ Source = Literal["cgroup", "fdinfo"]
 
 STATE_FILE = "ratchet.json"
 LOCK_FILE = "ratchet.lock"
+# how long a dry run waits for a run of the timer to let the lock go (a run takes seconds)
+DRY_RUN_LOCK_WAIT_SECONDS = 60.0
 STATE_VERSION = 1
 #: How long ``/metrics`` may take to answer before in flight is unknown.
 METRICS_TIMEOUT_SECONDS = 5.0
@@ -681,18 +683,24 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _run_lock(path: Path) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``path``; yields False when another run holds it."""
+def _run_lock(path: Path, wait_seconds: float = 0.0) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path``, waiting up to ``wait_seconds`` for another run
+    to let it go; yields False when that run still holds it."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise RatchetError(f"cannot open lock file {path}: {exc.strerror or exc}") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.1)
         yield True
     finally:
         os.close(fd)
@@ -830,10 +838,17 @@ def run(config: RatchetConfig, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         err.write(f"cardshare: error: cannot create {config.state_dir}: {exc.strerror or exc}\n")
         return 1
+    # the timer's run skips when another holds the lock (the next minute comes); a dry run is
+    # someone asking now (the retrieval role's probe): it waits for the other run to end
+    wait = DRY_RUN_LOCK_WAIT_SECONDS if config.dry_run else 0.0
     try:
-        with _run_lock(config.state_dir / LOCK_FILE) as locked:
+        with _run_lock(config.state_dir / LOCK_FILE, wait) as locked:
             if not locked:
-                out.write(f"ratchet: another run holds {config.state_dir / LOCK_FILE}: skipped\n")
+                skipped = f"another run holds {config.state_dir / LOCK_FILE}"
+                if config.json:
+                    out.write(json.dumps({"skipped": skipped}, sort_keys=True) + "\n")
+                else:
+                    out.write(f"ratchet: {skipped}: skipped\n")
                 return 0
             return _locked_run(config, record, now, out, err)
     except RatchetError as exc:

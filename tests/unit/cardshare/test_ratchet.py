@@ -805,3 +805,53 @@ def test_the_run_never_waits_for_more_than_the_timeout(monkeypatch: pytest.Monke
         assert (value, why) == (None, f"GET {ovms.url}/metrics: no answer within 0.2 s")
     finally:
         ovms.close()
+
+
+# -- two runs at once ---------------------------------------------------------------------------
+
+
+def _hold_lock(world: World) -> int:
+    import fcntl
+    import os
+
+    world.state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(world.state_dir / ratchet.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_run_while_another_holds_the_lock_skips(world: World) -> None:
+    import os
+
+    world.resident(5 * GIB)
+    fd = _hold_lock(world)
+    try:
+        code, out, _ = world.cli()
+        assert code == 0 and out.endswith(": skipped\n") and "another run holds" in out
+        assert world.state_dir.joinpath(ratchet.STATE_FILE).exists() is False
+    finally:
+        os.close(fd)
+
+
+def test_a_dry_run_waits_for_the_other_run_and_answers_json(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import threading
+
+    world.resident(3 * GIB)
+    fd = _hold_lock(world)
+    threading.Timer(0.5, os.close, (fd,)).start()  # the timer's run ends half a second later
+    code, out, err = world.cli("--dry-run", "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert doc["resident_bytes"] == 3 * GIB and doc["dry_run"] is True
+    # one that still finds it held after its wait says so, as JSON
+    monkeypatch.setattr(ratchet, "DRY_RUN_LOCK_WAIT_SECONDS", 0.2)
+    fd = _hold_lock(world)
+    try:
+        code, out, _ = world.cli("--dry-run", "--json")
+        assert code == 0
+        assert "another run holds" in json.loads(out)["skipped"]
+    finally:
+        os.close(fd)
