@@ -309,7 +309,9 @@ class Engine:
             self._alert(Alert.DOCKER, str(exc))
             return ContainerFailure(FailureKind.UNKNOWN, f"cannot inspect the {role} container")
         self._clear(Alert.DOCKER)
-        if st.running:
+        # "restarting": it exited and its restart policy starts it again (Docker reports it
+        # running meanwhile): a failure all the same, read from its log
+        if st.running and st.status != "restarting":
             return None
         if st.oom_killed:
             return ContainerFailure(FailureKind.OOM_KILLED, oom_killed_message(st.name or role))

@@ -50,6 +50,7 @@ class FakeContainer:
     exits_at_start: bool = False  # it starts, then exits at once (a broken image)
     starts: int = 0  # State.StartedAt moves with every real start
     finished: float = 0.0  # State.FinishedAt on the world's clock (0: it never exited)
+    restarting: bool = False  # exited, and its restart policy starts it again (Running true)
 
     @property
     def started_at(self) -> str:
@@ -165,8 +166,8 @@ class FakeContainers:
         return ContainerState(
             id=role,
             name=c.name,
-            running=c.running,
-            status="running" if c.running else "exited",
+            running=c.running or c.restarting,
+            status="restarting" if c.restarting else ("running" if c.running else "exited"),
             oom_killed=c.oom_killed,
             exit_code=c.exit_code,
             health="none",
@@ -226,6 +227,7 @@ class FakeContainers:
         c = self.w.container(role)
         if c.stop_fails:
             raise DockerError(f"Docker Engine POST /containers/{role}/stop answered 500: boom", 500)
+        c.restarting = False  # a stop ends a restart policy's loop
         if c.running:  # 304 when it was stopped already: nothing changes
             c.running = False
             c.finished = self.w.clock.now()

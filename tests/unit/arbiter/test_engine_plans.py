@@ -235,3 +235,23 @@ async def test_a_kv_cache_too_small_for_the_context_steps_down_without_a_retry(
     for _ in range(30):
         await engine.step()
     assert world.plan_starts == ["vllm", "vllm-plan1"]
+
+
+async def test_a_vllm_its_restart_policy_restarts_still_fails_for_want_of_vram(
+    tmp_path: Path,
+) -> None:
+    """With ``restart: unless-stopped`` Docker starts a vLLM that exited at once again and
+    reports it running while it is "restarting": that is a failed start, read from its log,
+    not a slow one (the VRAM passes engage instead of the readiness timeout)."""
+    world = world_with_plans()
+    engine = engine_of(tmp_path, world)
+    engine.submit_job(WORKFLOW, {"in.png": PNG})
+    await run_until(engine, lambda e: e.mode is Mode.IMAGE)
+    await run_until(engine, lambda e: e.state.phase is Phase.WAIT_LLM_READY)
+    world.llm.running = False
+    world.llm.restarting = True
+    world.llm.logs = VRAM_LOG
+    await engine.step()
+    assert engine.llm_vram_failures == 1
+    assert "attempt 1 of 3" in engine.alerts["llm_insufficient_vram"]
+    assert "llm_not_ready" not in engine.alerts
