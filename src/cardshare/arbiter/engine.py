@@ -1486,8 +1486,25 @@ class Engine:
         until the card data shows the release (never trusting /free's answer). Called between
         jobs only: no prompt of the arbiter's runs in ComfyUI then."""
         signature = workflow_signature(job.workflow)
+        if self.comfy_signature == signature:
+            return  # its own models are loaded: freeing them cannot help it
         peak = self.store.workflow_peak(signature)
         if peak is None:
+            return
+        # the recorder's latest data first (a fresh scan per job would slow every job down);
+        # a fresh scan only to confirm a reclaim
+        free = await self._measure_free(self.config.card_data_max_age_seconds)
+        if free is None or self.last_card is None:
+            return
+        first = image_reclaim(
+            peak,
+            free.total,
+            self.last_card.vram_of(self.config.image_names),
+            free.held - self.last_card.vram_of(self.config.image_names),
+            self.config.vram_headroom_bytes,
+            same_models=False,
+        )
+        if not first.free_first:
             return
         free = await self._measure_free()
         if free is None or self.last_card is None:
