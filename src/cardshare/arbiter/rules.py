@@ -153,20 +153,10 @@ def describe_client(name: str, vram_bytes: int, busy: tuple[str, ...]) -> str:
     return f"{name} " + " and ".join(parts)
 
 
-def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> Decision:
-    """All must hold: jobs queued, vLLM idle long enough, proxy empty, card free of others."""
-    blockers: list[str] = []
-    if obs.queue_length <= 0:
-        return Decision(False, ("the job queue is empty",))
-    if obs.held_by is not None:
-        blockers.append(f"swaps are held by {obs.held_by}")
-    if obs.storage_problem is not None:
-        blockers.append(f"jobs are paused: {obs.storage_problem}")
-    if obs.image_retry_in is not None and obs.image_retry_in > 0:
-        blockers.append(
-            f"ComfyUI failed to come up ({obs.image_failure or 'unknown'}): next try in "
-            f"{obs.image_retry_in:.0f} s; the jobs stay queued"
-        )
+def _idle_blockers(
+    obs: SwapObservations, config: Config, now: float, blockers: list[str]
+) -> float | None:
+    """vLLM idle long enough and the proxy empty: appends what is not so; the idle time."""
     idle_for: float | None = None
     if obs.activity is None:
         blockers.append(f"vLLM metrics unavailable ({obs.metrics_error or 'no answer'})")
@@ -187,6 +177,24 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
         blockers.append(
             f"the proxy has {obs.proxy.in_flight} request(s) in flight and {obs.proxy.held} held"
         )
+    return idle_for
+
+
+def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> Decision:
+    """All must hold: jobs queued, vLLM idle long enough, proxy empty, card free of others."""
+    blockers: list[str] = []
+    if obs.queue_length <= 0:
+        return Decision(False, ("the job queue is empty",))
+    if obs.held_by is not None:
+        blockers.append(f"swaps are held by {obs.held_by}")
+    if obs.storage_problem is not None:
+        blockers.append(f"jobs are paused: {obs.storage_problem}")
+    if obs.image_retry_in is not None and obs.image_retry_in > 0:
+        blockers.append(
+            f"ComfyUI failed to come up ({obs.image_failure or 'unknown'}): next try in "
+            f"{obs.image_retry_in:.0f} s; the jobs stay queued"
+        )
+    idle_for = _idle_blockers(obs, config, now, blockers)
     if obs.card is None:
         blockers.append(f"card data unavailable ({obs.card_error or 'not read'})")
     else:
@@ -315,26 +323,7 @@ def should_restore_plan(obs: SwapObservations, config: Config, now: float) -> De
         blockers.append(f"{obs.queue_length} job(s) queued: the handback chooses the plan")
     if obs.held_by is not None:
         blockers.append(f"swaps are held by {obs.held_by}")
-    if obs.activity is None:
-        blockers.append(f"vLLM metrics unavailable ({obs.metrics_error or 'no answer'})")
-        idle_for = 0.0
-    else:
-        last = obs.activity.last_active_at
-        if obs.proxy is not None:
-            for ts in (obs.proxy.last_request_started, obs.proxy.last_request_finished):
-                if ts is not None:
-                    last = max(last, ts)
-        idle_for = now - last
-        if idle_for < config.idle_seconds:
-            blockers.append(
-                f"vLLM was active {idle_for:.0f} s ago (needs {config.idle_seconds:g} s idle)"
-            )
-    if obs.proxy_error is not None:
-        blockers.append(f"proxy state unavailable ({obs.proxy_error})")
-    elif obs.proxy is not None and (obs.proxy.in_flight > 0 or obs.proxy.held > 0):
-        blockers.append(
-            f"the proxy has {obs.proxy.in_flight} request(s) in flight and {obs.proxy.held} held"
-        )
+    idle_for = _idle_blockers(obs, config, now, blockers) or 0.0
     if blockers:
         return Decision(False, tuple(blockers))
     return Decision(True, (f"vLLM idle for {idle_for:.0f} s",))
