@@ -26,7 +26,8 @@ cancelled by any later stop, start or restart). Setting ``<service>_restart_poli
 
 A "recorder" thread writes the card file (``current.json``, the recorder's schema) every
 ``card_interval`` seconds: a running container's client holds its VRAM, and keeps it for
-``<service>_release_seconds`` after its process exited. Card fault rules (route
+``<service>_release_seconds`` after its process exited; a running process may report less
+in the spec's ``vram_file`` (the fake ComfyUI after ``/free``). Card fault rules (route
 ``current.json``): ``garbage``, ``missing``, ``stale``, ``foreign`` (Plex on the card),
 ``badshape`` (JSON without a scan time), counted in writes.
 """
@@ -34,6 +35,7 @@ A "recorder" thread writes the card file (``current.json``, the recorder's schem
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import hashlib
 import json
@@ -120,6 +122,8 @@ class Docker(App):
 
     def _spawn(self, c: Container) -> None:
         """Start the container's process (the lock is held)."""
+        if c.spec.get("vram_file"):  # a new process has allocated nothing it could report
+            Path(c.spec["vram_file"]).unlink(missing_ok=True)
         log = open(self.run_dir / "logs" / f"{c.service}.log", "ab")  # noqa: SIM115
         log.write(f"--- start {rfc3339(time.time())}\n".encode())
         log.flush()
@@ -443,8 +447,15 @@ class Docker(App):
     # -- the card file --------------------------------------------------------------------
 
     def _vram(self, c: Container, now: float) -> int:
+        """The container's ``vram_bytes`` while it runs and until its release after an exit;
+        a running process may report less in its ``vram_file`` (ComfyUI after /free)."""
         holds = c.running or (c.status == "exited" and now < c.released_at)
-        return int(c.spec.get("vram_bytes", 0)) if holds else 0
+        if not holds:
+            return 0
+        if c.running and c.spec.get("vram_file"):
+            with contextlib.suppress(OSError, ValueError):
+                return int(Path(c.spec["vram_file"]).read_text(encoding="utf-8"))
+        return int(c.spec.get("vram_bytes", 0))
 
     def card_loop(self) -> None:
         while True:

@@ -12,7 +12,11 @@
     ``GET /view`` (from the output directory on disk, which survives restarts),
     ``POST /upload/image``. One worker runs one prompt at a time for ``comfyui_job_seconds``;
     a prompt moves pending -> running -> history each in one step under one lock; the
-    history is in memory only (a restart forgets it). Save nodes write
+    history is in memory only (a restart forgets it). ``POST /free`` only sets a flag that
+    the worker reads between prompts, as ComfyUI's prompt worker does: after
+    ``comfyui_free_seconds`` it writes the VRAM it still holds (``comfyui_vram_after_free``,
+    its baseline by default) to ``<run-dir>/comfyui-vram``, which the card writer reports;
+    the next prompt loads its models again (the file goes). Save nodes write
     ``<subfolder>/<stem>_<counter:05>_.png`` (the counter continues after the highest file of
     that prefix). Every execution is appended to ``<run-dir>/executions.jsonl``
     (``start``, ``saved``, ``end``, ``crash``) so duplicates are counted across restarts.
@@ -183,6 +187,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+FREED_VRAM_BYTES = 384 * 2**20  # what ComfyUI keeps after /free: the XPU context, no models
+
+
 class Comfy(App):
     service = "comfyui"
 
@@ -200,6 +207,8 @@ class Comfy(App):
         self.history: dict[str, dict[str, Any]] = {}
         self.number = 0
         self.interrupt = threading.Event()
+        self.vram_file = run_dir / "comfyui-vram"
+        self.free_flag = False
         threading.Thread(target=self._work, name="prompt-worker", daemon=True).start()
 
     # routes -------------------------------------------------------------------------------
@@ -214,7 +223,7 @@ class Comfy(App):
             ("GET", "/view"): self.view,
             ("POST", "/upload/image"): self.upload,
             ("GET", "/system_stats"): self.system_stats,
-            ("POST", "/free"): lambda _: Reply(200, b"", "text/plain"),
+            ("POST", "/free"): self.free,
         }
         handler = table.get((method, path))
         if handler is not None:
@@ -413,14 +422,35 @@ class Comfy(App):
         (folder / filename).write_bytes(png(json.dumps({"prefix": prefix, "prompt": prompt_id})))
         return {"filename": filename, "subfolder": subfolder, "type": "output"}
 
+    def free(self, request: Request) -> Reply:
+        """ComfyUI answers at once and frees later, in its prompt worker (facts.md)."""
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and (body.get("unload_models") or body.get("free_memory")):
+            with self.lock:
+                self.free_flag = True
+                self.lock.notify_all()
+        return Reply(200, b"", "text/plain")
+
     def _work(self) -> None:
         while True:
             with self.lock:
-                while not self.pending:
+                while not self.pending and not self.free_flag:
                     self.lock.wait()
-                item = self.pending.pop(0)
+                freeing, self.free_flag = self.free_flag, False
+                item = None if freeing else self.pending.pop(0)
                 self.running = item  # out of the queue and running: one step
                 self.interrupt.clear()
+            if item is None:  # the flags, read between prompts: unload, then empty the cache
+                time.sleep(self.settings.seconds("comfyui_free_seconds", 0.05))
+                tmp = self.vram_file.with_name(f".{self.vram_file.name}.tmp")
+                kept = int(self.settings.get("comfyui_vram_after_free", FREED_VRAM_BYTES))
+                tmp.write_text(str(kept), encoding="utf-8")
+                tmp.replace(self.vram_file)
+                continue
+            self.vram_file.unlink(missing_ok=True)  # the prompt loads its models again
             _, prompt_id, prompt, _, outputs = item
             prefixes = [
                 str((prompt[n].get("inputs") or {}).get("filename_prefix", "ComfyUI"))

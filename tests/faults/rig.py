@@ -320,6 +320,7 @@ class Rig:
                          str(self.ports["comfyui"]), "--run-dir", str(self.root)],
                 "card_name": "comfyui/comfyui",
                 "vram_bytes": 20 * 2**30,
+                "vram_file": str(self.root / "comfyui-vram"),  # less after /free
                 "engines": {"ccs": 0.9, "rcs": 0.2},
                 "autostart": False,
             },

@@ -49,7 +49,9 @@ class Scenario:
     # the jobs); None: before the jobs are submitted
     arm_at: str | None = None
     jobs: int = 2
-    workflow: str = "plain"  # plain | input | two_saves
+    # plain | input | two_saves | mixed (plain and input in turn: from the third job on, each
+    # follows the other workflow's models and its own peak is known, so /free comes first)
+    workflow: str = "plain"
     alerts: tuple[str, ...] = ()  # each must be raised
     may_fail: str | None = None  # a job may fail, with a reason matching this regex
     clear_after: float | None = None  # clear the faults this long after their first hit
@@ -109,7 +111,13 @@ def run_scenario(
                 service, _, respawn = sc.crash.partition("+")
                 assert rig.docker.crash(service, respawn=bool(respawn)), f"{service} not running"
 
-        workflow = WORKFLOWS[sc.workflow]
+        def submit() -> None:
+            if sc.workflow == "mixed":
+                for n in range(sc.jobs):
+                    rig.submit(1, workflow=(WORKFLOW, WORKFLOW_INPUT)[n % 2])
+            else:
+                rig.submit(sc.jobs, workflow=WORKFLOWS[sc.workflow])
+
         if since is None:
             # a case starts on an arbiter that serves: the first case of a worker meets one
             # that has just started, and a fault armed now would land in its resume instead
@@ -121,13 +129,13 @@ def run_scenario(
                 if service == "card":  # written on the recorder's clock: wait for it
                     rig.wait(lambda s=service, r=rule_id: rig.hits(s, r) > 0, 5, "card written")
             time.sleep(sc.submit_after)
-            rig.submit(sc.jobs, workflow=workflow)
+            submit()
         elif sc.arm_at == "executing":
-            rig.submit(sc.jobs, workflow=workflow)
+            submit()
             rig.wait(rig.executing, sc.timeout, "ComfyUI runs one of the jobs")
             arm()
         else:
-            rig.submit(sc.jobs, workflow=workflow)
+            submit()
             rig.wait_phase([sc.arm_at], timeout=sc.timeout)
             arm()
         armed = time.time()

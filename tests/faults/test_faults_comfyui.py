@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from batch import Batch, Case
+from rig import WORKFLOW, WORKFLOW_INPUT, Rig
 from scenario import Fault, Scenario, cases
 
 pytestmark = pytest.mark.faults
@@ -160,9 +163,53 @@ SCENARIOS = [
         S(F("execute", "exec_hang"), may_fail="^not finished within job_timeout_seconds"),
         "execution-hangs",
     ),
+    # POST /free before a job whose workflow ran before, while ComfyUI holds the other
+    # workflow's models: when the request fails or the release never shows in the card data,
+    # the job runs anyway after image_release_timeout_seconds; none lost, none run twice
+    *[
+        P(S(F("POST /free", k), workflow="mixed", jobs=4), f"free-{k}")
+        for k in ("exception", "hang", "500")
+    ],
+    P(
+        S(workflow="mixed", jobs=4, settings={"comfyui_vram_after_free": 20 * 2**30}),
+        "free-never-released",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", cases(SCENARIOS))
 def test_comfyui_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
     batch.check(request.node)
+
+
+def test_free_before_a_job_waits_for_the_release(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """The third job's workflow ran before (its peak is known) while ComfyUI holds the second
+    one's models: /free is asked first, and the job waits until the card data shows the
+    release (ComfyUI acts on /free later, in its prompt worker, after half a second here)."""
+    rig = fresh(
+        config={"image_release_timeout_seconds": 10.0},
+        settings={"comfyui_free_seconds": 0.5},
+    )
+    rig.wait_llm(30.0)
+    for n in range(3):
+        rig.submit(1, workflow=(WORKFLOW, WORKFLOW_INPUT)[n % 2])
+    rig.wait_llm(60.0)
+    verdict = rig.verdict()
+    log = rig.arbiter_log(400)
+    record(
+        fault="none: a job after another workflow's models",
+        phase="run_jobs",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        failed=verdict.failed,
+        duplicates=len(verdict.duplicates),
+        lost=len(verdict.lost),
+        result="ok" if verdict.done == 3 else "FAILED",
+    )
+    assert (verdict.done, verdict.lost, verdict.duplicates) == (3, [], {})
+    third = list(rig.jobs)[2]
+    # the release seen in the card data (384 MiB kept of 20 GiB), not /free's 200
+    assert f"job {third}: ComfyUI holds 402653184 bytes after /free (21474836480 before)" in log
+    assert "not released within" not in log, log
