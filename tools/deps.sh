@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the lab and the tests need on a bare Debian/Ubuntu machine (as root):
-# the Docker engine and client (docker.io) and debootstrap. Skips what is present.
+# the Docker engine and client (docker.io), debootstrap and busybox. Skips what is present.
 set -euo pipefail
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v docker >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+# the retrieval tier's seed script runs in busybox sh, as in the model image
+command -v busybox >/dev/null 2>&1 || missing+=(busybox)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 [ ${#missing[@]} -gt 0 ] || exit 0
 if [ "$(id -u)" != 0 ]; then

@@ -26,6 +26,10 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
     retrieval_rerank_probe,
     retrieval_reservation_check,
 )
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s import (
+    claim_problems,
+    k8s_manifests,
+)
 
 _filter = filter_errors(RetrievalError)
 
@@ -86,6 +90,22 @@ def retrieval_reservation_check_filter(reservations: object, plan: object = None
     return retrieval_reservation_check(reservations, plan)
 
 
+@_filter
+def retrieval_k8s_manifests_filter(params: object) -> dict[str, list[dict[str, object]]]:
+    if not isinstance(params, dict):
+        raise RetrievalError(
+            f"retrieval_k8s_manifests takes a mapping of parameters, not {params!r}"
+        )
+    return k8s_manifests(params)
+
+
+@_filter
+def retrieval_k8s_claim_check_filter(
+    request: object, variable: object = "retrieval_k8s_claim_request"
+) -> list[str]:
+    return claim_problems(request, str(variable))
+
+
 class FilterModule:
     """The retrieval role's filters: the memory cap and the rerank graph's guards."""
 
@@ -97,4 +117,6 @@ class FilterModule:
             "retrieval_graph_settings_check": retrieval_graph_settings_check_filter,
             "retrieval_rerank_probe": retrieval_rerank_probe_filter,
             "retrieval_reservation_check": retrieval_reservation_check_filter,
+            "retrieval_k8s_manifests": retrieval_k8s_manifests_filter,
+            "retrieval_k8s_claim_check": retrieval_k8s_claim_check_filter,
         }

@@ -429,6 +429,9 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
         assert "Plex Transcoder" in plan["reason"] or "plex" in plan["reason"], plan
         kinds = {t["name"]: t["kind"] for t in st["tenants"]}
         assert kinds["retrieval/ovms"] == "resident", kinds
+        # the resident tier's measured VRAM is counted in what the plan was chosen from
+        held = {t["name"]: t["vram_bytes"] for t in st["tenants"]}
+        assert held["retrieval/ovms"] > 0 and "retrieval/ovms" in plan["reason"], (held, plan)
         # vLLM's weights were read ahead while the last job ran (SIMULATION: the lab's 64 MiB
         # placeholder, lab/playbooks/vllm-weights.yml)
         assert st["prewarm"]["state"] == "done", st["prewarm"]
