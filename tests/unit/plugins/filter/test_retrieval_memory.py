@@ -375,6 +375,8 @@ def test_filter_names() -> None:
         "retrieval_graph_guards",
         "retrieval_graph_guards_check",
         "retrieval_graph_settings_check",
+        "retrieval_k8s_claim_check",
+        "retrieval_k8s_manifests",
         "retrieval_memory_plan",
         "retrieval_rerank_probe",
         "retrieval_reservation_check",
