@@ -43,7 +43,7 @@ CONTAINER_PORT = 8000
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,62}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")  # as the main entry point
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PATH = re.compile(r"^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")

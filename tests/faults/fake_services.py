@@ -423,11 +423,12 @@ class Comfy(App):
         return {"filename": filename, "subfolder": subfolder, "type": "output"}
 
     def free(self, request: Request) -> Reply:
-        """ComfyUI answers at once and frees later, in its prompt worker (facts.md)."""
+        """ComfyUI answers at once and frees later, in its prompt worker (facts.md); a body
+        that is not JSON fails its ``request.json()``: a plain-text 500."""
         try:
-            body = json.loads(request.body or b"{}")
+            body = json.loads(request.body)
         except ValueError:
-            body = None
+            return Reply.text("500 Internal Server Error\n\nServer got itself in trouble", 500)
         if isinstance(body, dict) and (body.get("unload_models") or body.get("free_memory")):
             with self.lock:
                 self.free_flag = True

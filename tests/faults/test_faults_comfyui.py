@@ -168,7 +168,7 @@ SCENARIOS = [
     # the job runs anyway after image_release_timeout_seconds; none lost, none run twice
     *[
         P(S(F("POST /free", k), workflow="mixed", jobs=4), f"free-{k}")
-        for k in ("exception", "hang", "500")
+        for k in ("exception", "garbage", "hang", "500")
     ],
     P(
         S(workflow="mixed", jobs=4, settings={"comfyui_vram_after_free": 20 * 2**30}),

@@ -39,6 +39,7 @@ from cardshare.arbiter.edges import (
 from cardshare.arbiter.plans import (
     CONTEXT_BOUND_PATTERNS,
     FreeVram,
+    ImageReclaim,
     PassAction,
     Tenant,
     card_changed,
@@ -1493,32 +1494,13 @@ class Engine:
             return
         # the recorder's latest data first (a fresh scan per job would slow every job down);
         # a fresh scan only to confirm a reclaim
-        free = await self._measure_free(self.config.card_data_max_age_seconds)
-        if free is None or self.last_card is None:
+        seen = await self._reclaim_view(peak, self.config.card_data_max_age_seconds)
+        if seen is None or not seen[1].free_first:
             return
-        first = image_reclaim(
-            peak,
-            free.total,
-            self.last_card.vram_of(self.config.image_names),
-            free.held - self.last_card.vram_of(self.config.image_names),
-            self.config.vram_headroom_bytes,
-            same_models=False,
-        )
-        if not first.free_first:
+        seen = await self._reclaim_view(peak)
+        if seen is None:
             return
-        free = await self._measure_free()
-        if free is None or self.last_card is None:
-            return
-        comfy = self.last_card.vram_of(self.config.image_names)
-        others = free.held - comfy
-        decision = image_reclaim(
-            peak,
-            free.total,
-            comfy,
-            others,
-            self.config.vram_headroom_bytes,
-            same_models=self.comfy_signature == signature,
-        )
+        before, decision = seen
         if not decision.free_first:
             log.info("job %s: %s", job.id, decision.reason)
             return
@@ -1529,17 +1511,13 @@ class Engine:
             log.warning("job %s: POST /free failed: %s", job.id, exc)
             return
         self.comfy_signature = None
-        before = comfy
         deadline = self.clock.now() + self.config.image_release_timeout_seconds
         while self.clock.now() < deadline:
             await self._pause(self.config.poll_interval_seconds)
-            now = await self._measure_free()
-            if now is None or self.last_card is None:
+            seen = await self._reclaim_view(peak)
+            if seen is None:
                 continue
-            comfy = self.last_card.vram_of(self.config.image_names)
-            after = image_reclaim(
-                peak, now.total, comfy, now.held - comfy, self.config.vram_headroom_bytes, False
-            )
+            comfy, after = seen
             # released: the job fits now, or ComfyUI gave back nine tenths of what it held
             if not after.free_first or comfy <= before // 10:
                 log.info(
@@ -1555,6 +1533,21 @@ class Engine:
             job.id,
             self.config.image_release_timeout_seconds,
         )
+
+    async def _reclaim_view(
+        self, peak: int, max_age: float = 0.0
+    ) -> tuple[int, ImageReclaim] | None:
+        """What ComfyUI holds in card data at most ``max_age`` old (0: a fresh scan), and
+        whether a job of ``peak`` needs its memory freed first (never counting another
+        workflow's cached models as free); None without card data."""
+        free = await self._measure_free(max_age)
+        if free is None or self.last_card is None:
+            return None
+        comfy = self.last_card.vram_of(self.config.image_names)
+        decision = image_reclaim(
+            peak, free.total, comfy, free.held - comfy, self.config.vram_headroom_bytes, False
+        )
+        return comfy, decision
 
     # -- jobs API helpers ---------------------------------------------------------------------
 
