@@ -1342,20 +1342,24 @@ class Engine:
 
     async def _outputs_on_disk(self, job: Job) -> list[bytes]:
         """The job's saved images in ComfyUI's output directory, when every save node left
-        at least one (then the prompt ran to its end); else []."""
+        at least one (then the prompt ran to its end); else []. An empty file is a save cut
+        short (ComfyUI killed between creating the file and writing it): no evidence, and the
+        next attempt's file follows it."""
         images: list[bytes] = []
         for index, _ in enumerate(save_nodes(dict(job.workflow))):
             subfolder, stem = save_prefix(job.id, index)
-            counter = 1
-            while counter <= MAX_SAVED_PER_NODE:
+            found = 0
+            for counter in range(1, MAX_SAVED_PER_NODE + 1):
                 data = await self.comfy.saved(saved_file_name(stem, counter), subfolder)
                 if data is None:
                     break
+                if not data:
+                    continue
                 if not is_image(data):  # garbage is no evidence either way: ask again later
                     raise Unavailable(f"GET /view of {subfolder}/{stem} answered no image")
                 images.append(data)
-                counter += 1
-            if counter == 1:
+                found += 1
+            if not found:
                 return []
         return images
 

@@ -16,7 +16,7 @@ import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.engine import Alert, Engine
+from cardshare.arbiter.engine import Alert, Engine, save_prefix, saved_file_name
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import MARKER_NAME, JobState, Store, StoreError
 
@@ -79,6 +79,31 @@ async def test_history_lost_in_a_restart_is_decided_by_the_files(tmp_path: Path)
     assert (job.state, job.attempts, job.outputs) == (JobState.DONE, 1, 1)
     assert world.submissions == 1
     assert world.duplicates() == {}
+
+
+async def test_comfy_killed_between_creating_and_writing_its_file_runs_the_job_again(
+    tmp_path: Path,
+) -> None:
+    """ComfyUI killed mid-save leaves an empty file: no evidence that the prompt ran, and no
+    reason to restart ComfyUI over and over (a randomized fault run once looped on one): the
+    job is run again, once, and its output is the new attempt's file."""
+    world = World(FakeClock(), job_seconds=0.5)
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    (job_id,) = submit(engine)
+    subfolder, stem = save_prefix(job_id, 0)
+
+    def killed_mid_save(_: str) -> None:
+        world.files[(subfolder, saved_file_name(stem, 1))] = b""
+        world.image.running = False  # killed: its history and queue go with it
+        world.comfy_process_started()
+
+    world.after_submit = killed_mid_save
+    await run_until(engine, in_llm_with_no_jobs)
+    job = engine.store.job(job_id)
+    assert job is not None
+    assert (job.state, job.attempts, job.outputs) == (JobState.DONE, 2, 1)
+    assert world.submissions == 2
+    assert world.image.starts <= 4, world.image.starts
 
 
 async def test_comfy_died_after_saving_is_not_run_again(tmp_path: Path) -> None:
