@@ -6,7 +6,8 @@ not: vLLM's computed flags in the engine's view, a completion through the patien
 an image job traded through the arbiter (vLLM stopped, ComfyUI started, the photo made,
 the card handed back), an embedding and a rerank through the retrieval tier (resident on the
 card through the swap), who the recorder saw on the card, and a few lines of the Prometheus
-textfile it writes for node_exporter (when recorder_textfile_path is set).
+textfile it writes for node_exporter (when recorder_textfile_path is set), and the arbiter's
+status page.
 """
 
 import base64
@@ -209,6 +210,21 @@ def main():
     print("who the recorder saw on the card at its last scan:")
     print("  " + out.strip().replace("\n", "\n  "))
     show_textfile()
+    show_status_page()
+
+
+def show_status_page():
+    page = call("GET", ARBITER + "/")
+    if b'data-chart="vram-day"' not in page:
+        sys.exit("the arbiter's status page has no VRAM chart")
+    doc = call("GET", ARBITER + "/v1/overview")
+    history = doc["history"] or {}
+    print(
+        f"the status page: {ARBITER}/ on the lab host ({len(page)} bytes; mode {doc['mode']}, "
+        f"{len(doc['tenants'])} tenants, {history.get('scans', 0)} recorder scans charted; "
+        f"the same as JSON at /v1/overview). To open it from a browser or a phone, set "
+        f"arbiter_listen_address to the box's LAN address."
+    )
 
 
 if __name__ == "__main__":

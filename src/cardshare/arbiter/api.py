@@ -7,8 +7,10 @@ Mutating calls, and everything about a job (its details, its outputs), need
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+from importlib import resources
 from typing import Any
 
 import aiohttp
@@ -25,12 +27,25 @@ from cardshare.arbiter.engine import (
     is_storage_error,
     storable_text,
 )
+from cardshare.arbiter.history import HistoryView
 from cardshare.arbiter.metrics import families
 from cardshare.arbiter.resume import save_nodes
+from cardshare.arbiter.statuspage import render_main, render_page
 from cardshare.arbiter.store import Job, JobState, SwapRecord, job_dir
 
 ENGINE_KEY = web.AppKey("cardshare_engine", Engine)
 TOKEN_KEY = web.AppKey("cardshare_token", str)
+
+# The status page and its assets: same origin only, nothing inline but the SVG drawn here.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_STATIC = {"status.css": "text/css", "status.js": "text/javascript"}
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -370,10 +385,90 @@ def metric_families(engine: Engine) -> list[Metric]:
     )
 
 
+class StatusData:
+    """What the status page shows: the open status, the card's size, the recorder's history
+    (re-read at most every ``refresh_seconds``, in a thread: the first read of a month is
+    tens of megabytes) and the swaps and jobs per day."""
+
+    def __init__(self, engine: Engine, refresh_seconds: float = 15.0) -> None:
+        self.engine = engine
+        config = engine.config
+        self.history = (
+            HistoryView(config.history_dir, config.transcode_client_names, engine.clock.now)
+            if config.history_dir is not None
+            else None
+        )
+        self.refresh_seconds = refresh_seconds
+        self._refreshed: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def overview(self) -> dict[str, Any]:
+        engine = self.engine
+        now = engine.clock.now()
+        history = None
+        if self.history is not None:
+            async with self._lock:
+                due = self._refreshed is None or now - self._refreshed >= self.refresh_seconds
+                if due:
+                    await asyncio.to_thread(self.history.refresh)
+                    self._refreshed = now
+                history = self.history.doc()
+        card = engine.last_card
+        doc = status_doc(engine, authorized=False)
+        doc.pop("current_job", None)
+        doc.update(
+            generated=now,
+            card_total_bytes=engine.config.card_vram_bytes
+            or (card.vram_total_bytes if card is not None else None),
+            history=history,
+            daily=engine.store.daily_counts(now - 31 * 86400),
+        )
+        return doc
+
+
+PAGE_KEY = web.AppKey("cardshare_page", StatusData)
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    return web.json_response(
+        await request.app[PAGE_KEY].overview(), headers={"Cache-Control": "no-store"}
+    )
+
+
+def _title(request: web.Request) -> str:
+    return f"cardshare: {request.host.rsplit(':', 1)[0] if request.host else 'the box'}"
+
+
+async def get_page(request: web.Request) -> web.Response:
+    doc = await request.app[PAGE_KEY].overview()
+    return web.Response(
+        text=render_page(doc, _title(request)), content_type="text/html", headers=PAGE_HEADERS
+    )
+
+
+async def get_page_main(request: web.Request) -> web.Response:
+    doc = await request.app[PAGE_KEY].overview()
+    return web.Response(text=render_main(doc), content_type="text/html", headers=PAGE_HEADERS)
+
+
+async def get_static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in _STATIC:
+        return _error(404, f"no static file {name!r}")
+    data = resources.files("cardshare.arbiter").joinpath("static", name).read_bytes()
+    headers = dict(PAGE_HEADERS, **{"Cache-Control": "max-age=300"})
+    return web.Response(body=data, content_type=_STATIC[name], charset="utf-8", headers=headers)
+
+
 def build_app(engine: Engine, token: str) -> web.Application:
     app = web.Application(client_max_size=engine.config.max_payload_bytes)
     app[ENGINE_KEY] = engine
     app[TOKEN_KEY] = token
+    app[PAGE_KEY] = StatusData(engine)
+    app.router.add_get("/", get_page)
+    app.router.add_get("/status/main", get_page_main)
+    app.router.add_get("/static/{name}", get_static)
+    app.router.add_get("/v1/overview", get_overview)
     app.router.add_post("/v1/jobs", post_job)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
     app.router.add_delete("/v1/jobs/{job_id}", delete_job)

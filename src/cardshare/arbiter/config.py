@@ -82,6 +82,10 @@ class Config:
     # vLLM's weights (paths in the arbiter's container) read into the page cache while the
     # last image job runs, while MemAvailable stays above what is left plus the margin
     prewarm_paths: tuple[str, ...] = ()
+    # the recorder's history directory (the status page's charts); None: no history
+    history_dir: Path | None = None
+    # clients whose busy video engines are transcodes (the status page's hours per day)
+    transcode_client_names: tuple[str, ...] = ()
     prewarm_margin_bytes: int = 4 * 1024**3
     idle_seconds: float = 60.0
     max_image_seconds: float = 900.0
@@ -204,6 +208,8 @@ _KNOWN = (
         "yielding_tenants",
         "prewarm_paths",
         "prewarm_margin_bytes",
+        "history_dir",
+        "transcode_client_names",
         "handback_on_waiting_agent",
         "listen_host",
         "listen_port",
@@ -363,7 +369,15 @@ def parse_config(raw: Any) -> Config:
         "resident_client_names": _str_list(raw, "resident_client_names"),
         "yielding_client_names": _str_list(raw, "yielding_client_names"),
         "prewarm_paths": _str_list(raw, "prewarm_paths"),
+        "transcode_client_names": _str_list(raw, "transcode_client_names"),
     }
+    history = raw.get("history_dir")
+    if history is not None:
+        if not isinstance(history, str) or not history.startswith("/"):
+            raise _err(
+                "history_dir", history, "set it to the recorder's history directory (absolute)"
+            )
+        kwargs["history_dir"] = Path(history)
     for path in kwargs["prewarm_paths"]:
         if not path.startswith("/"):
             raise _err("prewarm_paths", list(kwargs["prewarm_paths"]), "give absolute paths")

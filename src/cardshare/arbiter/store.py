@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, swap_direction
 from cardshare.atomicfile import write_atomic
@@ -90,6 +91,9 @@ _JOB_COLUMNS_ADDED = (
     ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
     ("saved", "TEXT"),
 )
+
+# what Store.daily_counts counts per day
+DAILY_KEYS = ("swaps", "swaps_failed", "jobs", "jobs_done", "jobs_failed")
 
 # written beside the database once it holds the machine's first state: a database that is
 # missing or empty while this exists was lost, and is never silently started afresh
@@ -332,6 +336,35 @@ class Store:
             "SELECT direction, COUNT(*) FROM swaps WHERE ok = 1 GROUP BY direction"
         ).fetchall()
         return {str(d): int(n) for d, n in rows}
+
+    def daily_counts(self, since: float) -> dict[str, dict[str, int]]:
+        """Per UTC day from ``since``: swaps started (and of them failed), jobs submitted
+        (and of them done, failed)."""
+        days: dict[str, dict[str, int]] = {}
+
+        def add(rows: Iterable[tuple[Any, ...]], keys: tuple[str, ...]) -> None:
+            for day, *counts in rows:
+                entry = days.setdefault(str(day), dict.fromkeys(DAILY_KEYS, 0))
+                for key, n in zip(keys, counts, strict=True):
+                    entry[key] = int(n or 0)
+
+        add(
+            self.conn.execute(
+                "SELECT date(started, 'unixepoch'), COUNT(*), SUM(ok = 0) FROM swaps"
+                " WHERE started >= ? GROUP BY 1",
+                (since,),
+            ),
+            ("swaps", "swaps_failed"),
+        )
+        add(
+            self.conn.execute(
+                "SELECT date(created, 'unixepoch'), COUNT(*), SUM(state = ?), SUM(state = ?)"
+                " FROM jobs WHERE created >= ? GROUP BY 1",
+                (JobState.DONE.value, JobState.FAILED.value, since),
+            ),
+            ("jobs", "jobs_done", "jobs_failed"),
+        )
+        return dict(sorted(days.items()))
 
     # -- the hold on swaps (kept across a restart of the arbiter) -------------------------
 

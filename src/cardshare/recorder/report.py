@@ -26,6 +26,7 @@ __all__ = [
     "MonthReport",
     "build_report",
     "format_report",
+    "interval_of",
     "parse_lines",
     "read_month",
 ]
@@ -137,7 +138,7 @@ def read_month(history_dir: Path, month: str) -> tuple[list[dict[str, Any]], int
     return parse_lines(lines)
 
 
-def _interval(doc: dict[str, Any], previous: float | None, max_interval: float) -> float:
+def interval_of(doc: dict[str, Any], previous: float | None, max_interval: float) -> float:
     recorded = doc.get("interval_seconds")
     if isinstance(recorded, int | float) and recorded > 0:
         seconds = float(recorded)
@@ -155,7 +156,7 @@ def build_report(
     report = MonthReport(month=month, skipped_lines=skipped)
     previous: float | None = None
     for doc in snapshots:
-        seconds = _interval(doc, previous, max_interval)
+        seconds = interval_of(doc, previous, max_interval)
         previous = float(doc["timestamp_unix"])
         report.scans += 1
         report.first = report.first or str(doc.get("timestamp"))
