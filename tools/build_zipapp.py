@@ -31,6 +31,8 @@ MODULES = (
     "__main__.py",
     "atomicfile.py",
     "benchretrieval.py",
+    "campaign/__init__.py",
+    "campaign/cli.py",
     "cli.py",
     "docker_api.py",
     "fdinfo.py",
@@ -42,7 +44,7 @@ MODULES = (
     "recorder/output.py",
     "recorder/report.py",
 )
-PACKED = {"cardshare", "cardshare.recorder"} | {
+PACKED = {"cardshare", "cardshare.recorder", "cardshare.campaign"} | {
     "cardshare." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     for m in MODULES
 }

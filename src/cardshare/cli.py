@@ -76,6 +76,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from cardshare.campaign.cli import COMMANDS as CAMPAIGN_COMMANDS
+from cardshare.campaign.cli import CampaignError
+from cardshare.campaign.cli import add_parsers as add_campaign_parsers
 from cardshare.naming import (
     DEFAULT_RULES,
     CommandRule,
@@ -188,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_arbiter_parsers(sub)
     _add_bench_parsers(sub)
+    add_campaign_parsers(sub)
     _add_ratchet_parser(sub)
     return parser
 
@@ -1249,7 +1253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     command = commands.get(args.command)
     if command is None:
-        if args.command == "bench":
+        if args.command == "campaign":
+            command = CAMPAIGN_COMMANDS[args.campaign_command]
+        elif args.command == "bench":
             command = BENCH_COMMANDS[args.bench_command]
         else:
             command = JOB_COMMANDS[args.job_command]
@@ -1258,7 +1264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"cardshare: error: {exc}", file=sys.stderr)
         return 2
-    except (OutputError, NamingError, ArbiterError) as exc:
+    except (OutputError, NamingError, ArbiterError, CampaignError) as exc:
         print(f"cardshare: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
