@@ -779,3 +779,43 @@ def test_cardshare_campaign_status(tmp_path: Path, library: Path, capsys: Any) -
         server.shutdown()
     assert main(["campaign", "status", "--url", url, "--timeout", "2"]) == 1
     assert "cannot read the campaign's status" in capsys.readouterr().err
+
+
+async def test_the_arbiters_own_client_gets_its_ack_from_the_campaign(
+    tmp_path: Path, library: Path
+) -> None:
+    """The arbiter's yielding-tenant client (cardshare.arbiter.edges.HttpYielding) against the
+    campaign's server while ffmpeg encodes: an ack within the arbiter's bound, 0 bytes held."""
+    import asyncio
+
+    import aiohttp
+
+    from cardshare.arbiter.edges import HttpYielding
+
+    make_clip(library / "a.mkv", seconds=4)
+    camp = campaign_for(tmp_path, config={"ack_seconds": 5})
+    camp.encoder = dataclasses.replace(camp.encoder, preset="medium")
+    camp.scan()
+    server = make_server(camp, "127.0.0.1", 0)
+    serve_in_thread(server)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: camp.step(stop))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not encoder_pids(library):
+            assert time.monotonic() < deadline, "the encoder never started"
+            await asyncio.sleep(0.02)
+        async with aiohttp.ClientSession() as session:
+            tenants = HttpYielding(session, {"campaign/encoder": (url, 10.0)})
+            asked = time.monotonic()
+            held = await tenants.pause("campaign/encoder", 900, "a swap to image waits")
+            assert held == 0 and time.monotonic() - asked < 10
+            assert not encoder_pids(library)
+            await tenants.resume("campaign/encoder")
+        assert camp.control.until() is None
+    finally:
+        stop.set()
+        worker.join(60)
+        server.shutdown()
