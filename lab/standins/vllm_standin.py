@@ -32,6 +32,12 @@ Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
 ``STANDIN_RELEASE_SECONDS`` (1), ``STANDIN_READ_WEIGHTS`` (unset; ``1``: read every
 ``*.safetensors`` of the model to its end after the load time, as the loader does),
 ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+
+Lab knob (fault injection, outside vLLM's interface): a file
+``<CARDSHARE_SIM_ROOT>/lab/vllm-fail-next-starts`` holding a count N makes the next N starts
+fail as vLLM does when the card's memory is taken between a measure and the load (vLLM's
+own insufficient-memory message, with the card's free memory read as 0); each failing start
+takes one from the count and the file goes at 0.
 """
 
 from __future__ import annotations
@@ -903,6 +909,23 @@ def make_server(settings: Settings, card: SimClient | None, port: int | None = N
 # --------------------------------------------------------------------------- main
 
 
+FAIL_KNOB = Path("lab") / "vllm-fail-next-starts"
+
+
+def take_forced_failure(root: Path) -> bool:
+    """Consume one forced start failure from the lab knob (see the module's text)."""
+    knob = root / FAIL_KNOB
+    try:
+        count = int(knob.read_text().strip() or "0")
+    except (OSError, ValueError):
+        return False
+    if count <= 1:
+        knob.unlink(missing_ok=True)
+    else:
+        knob.write_text(f"{count - 1}\n")
+    return count >= 1
+
+
 def _fail(lines: Sequence[str]) -> int:
     for line in lines:
         print(line, file=sys.stderr, flush=True)
@@ -933,6 +956,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"SIMULATION: no simulated card under {card.root}; not registering", flush=True)
     else:
         free, total = card.free_vram()
+        if take_forced_failure(card.root):
+            free = 0  # the knob: memory taken between the arbiter's measure and this start
         error = memory_error(free, total, settings.utilization)
         if error is not None:
             return _fail(

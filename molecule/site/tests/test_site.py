@@ -512,3 +512,35 @@ def test_no_plan_fits_three_attempts_then_out_of_llm_until_the_card_changes(
     wait_for("a new series on the full plan once the transcodes ended", full_plan, 240)
     assert "llm_insufficient_vram" not in {a["name"] for a in status(arbiter)["alerts"]}
     assert vllm_healthy(host)
+
+
+def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
+    host: Any, arbiter: str, proxy: str, token: str
+) -> None:
+    """The vLLM stand-in's lab knob (SIMULATION: memory taken between the arbiter's measure
+    and the load) fails the handback's first start with vLLM's insufficient-memory error. Pass
+    one reclaims (ComfyUI off the card, its release measured) and starts the same plan again,
+    which serves: one failure, one retry, agents answered, the alert gone."""
+
+    def at_rest() -> dict[str, Any] | None:
+        st = status(arbiter)
+        return st if st["mode"] == "llm" and st["queue_length"] == 0 else None
+
+    wait_for("llm with an empty queue", at_rest, 180)
+    since = lab(host, "date -u +%Y-%m-%dT%H:%M:%S").strip()
+    lab(host, "mkdir -p /srv/cardshare-sim/lab && echo 1 > /srv/cardshare-sim/lab/vllm-fail-next-starts")
+    try:
+        first = submit(arbiter, token)
+        wait_for("the job to be done", lambda: all_done(arbiter, [first]), 300)
+        st = wait_for("vLLM serving again", lambda: at_rest() if vllm_healthy_or_down(host) else None, 300)
+    finally:
+        lab(host, "rm -f /srv/cardshare-sim/lab/vllm-fail-next-starts")
+    logs = lab(host, f"docker logs --since {since} arbiter-arbiter-1 2>&1")
+    failures = [line for line in logs.splitlines() if "failed to start for want of VRAM" in line]
+    assert len(failures) == 1 and "reclaimed; retrying plan 0" in failures[0], failures
+    assert "could not get its memory in" not in logs  # never gave up
+    assert not st["llm_plan"]["degraded"], st["llm_plan"]
+    assert "llm_insufficient_vram" not in {a["name"] for a in st["alerts"]}
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=120)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=4)
+    assert reply.choices[0].message.content

@@ -548,3 +548,20 @@ def test_read_weights_reads_every_safetensors_file_to_its_end(tmp_path: Path) ->
     settings = vs.prepare(["serve", str(tmp_path)], {"STANDIN_READ_WEIGHTS": "1"})
     assert settings.read_weights
     assert not vs.prepare(["serve", str(tmp_path)], {}).read_weights
+
+
+def test_the_lab_knob_fails_the_next_starts_as_vllm_does(
+    sim_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    knob = sim_env / vs.FAIL_KNOB
+    knob.parent.mkdir(parents=True, exist_ok=True)
+    knob.write_text("2\n")
+    argv = ["serve", "m", "--gpu-memory-utilization", "0.85"]
+    expected = vs.memory_error(0, VRAM_TOTAL, 0.85)
+    for left in ("1\n", None):
+        assert vs.main(argv, {}) == 1
+        assert f"ValueError: {expected}\n" in capsys.readouterr().err
+        assert (knob.read_text() if knob.exists() else None) == left
+    assert not vs.take_forced_failure(sim_env)  # gone: the next start is an ordinary one
+    knob.write_text("garbage")
+    assert not vs.take_forced_failure(sim_env)
