@@ -378,9 +378,9 @@ def _alerts_section(doc: dict[str, Any]) -> str:
 def _swaps_section(doc: dict[str, Any]) -> str:
     rows = []
     for swap in doc.get("swaps") or []:
-        phases = ", ".join(
-            f"{p['phase']} {p['seconds']:.1f} s"
-            + ("" if p["outcome"] == "ok" else f" ({p['outcome']})")
+        phases = "<br>".join(
+            _e(f"{p['phase']} {p['seconds']:.1f} s")
+            + ("" if p["outcome"] == "ok" else _e(f" ({p['outcome']})"))
             for p in swap["phases"]
         )
         total = swap.get("total_seconds")
@@ -389,12 +389,13 @@ def _swaps_section(doc: dict[str, Any]) -> str:
             f'<tr data-swap="{int(swap["id"])}"><td>{_e(_utc(swap["started"], "%m-%d %H:%M:%S"))}'
             f"</td><td>{_e(swap['direction'])}</td><td>{outcome}</td>"
             f'<td class="num">{"" if total is None else f"{total:.1f} s"}</td>'
-            f"<td>{_e(phases)}</td></tr>"
+            f"<td>{phases}</td></tr>"
         )
     body = (
-        '<table><thead><tr><th scope="col">Started</th><th scope="col">Direction</th>'
+        '<div class="scroll"><table><thead><tr><th scope="col">Started</th>'
+        '<th scope="col">Direction</th>'
         '<th scope="col">Outcome</th><th scope="col" class="num">Took</th>'
-        f'<th scope="col">Phases</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<th scope="col">Phases</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
         if rows
         else "<p>No swap yet.</p>"
     )
