@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import shlex
-import subprocess
 import threading
 import time
 import zlib
@@ -26,7 +25,6 @@ import openai
 import pytest
 import requests
 
-HOST = "cardshare-molecule-site"
 MODEL = "Qwen2.5-7B-Instruct"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
 WORKFLOW = json.loads(
@@ -50,26 +48,6 @@ def _png(width: int = 8, height: int = 8) -> bytes:
 
 
 RENDER = _png()
-
-
-@pytest.fixture(scope="module")
-def address() -> str:
-    out = subprocess.run(
-        ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", HOST],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()
-    assert out, f"{HOST} has no address on a bridge network"
-    return out
-
-
-@pytest.fixture(scope="module")
-def arbiter(address: str) -> str:
-    return f"http://{address}:8090"
-
-
-@pytest.fixture(scope="module")
-def proxy(address: str) -> str:
-    return f"http://{address}:8080"
 
 
 _AUTH: dict[str, str] = {}
