@@ -9,13 +9,14 @@
 #                          remove the untagged images the lab's builds leave (the build stage
 #                          of rhel10-sim, the last step of a failed build); not while building
 #
-# Images: base (debootstrap), pybase (base + a virtualenv with the services' pins),
+# Images: base (debootstrap), pybase (base + a virtualenv with the services' pins), mediabase
+# (base + Debian's python3 and ffmpeg, for the re-encode campaign),
 # vllm-standin, comfyui-standin, plex-standin, ovms-standin (SIMULATION: stand-ins for vendor
 # images), rhel10-sim (SIMULATION: the lab host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE=${CARDSHARE_LAB_CACHE:-/var/cache/cardshare-lab}
-RUNTIME=(pybase vllm-standin comfyui-standin plex-standin ovms-standin)
+RUNTIME=(pybase mediabase vllm-standin comfyui-standin plex-standin ovms-standin)
 
 hash_of() { # hash of the files under the given paths, plus literal strings
   { for p in "$@"; do
@@ -31,6 +32,7 @@ recipe_hash() {
   case "$1" in
     base) hash_of lab/images/base ;;
     pybase) hash_of lab/images/pybase "base=$(recipe_hash base)" ;;
+    mediabase) hash_of lab/images/mediabase "base=$(recipe_hash base)" ;;
     vllm-standin|comfyui-standin|plex-standin|ovms-standin)
       hash_of lab/standins "base=$(recipe_hash base)" "image=$1" ;;
     rhel10-sim)
@@ -88,6 +90,7 @@ build_one() {
         pybase_wheels "$ctx/wheels" || { rm -rf "$ctx"; return 1; }
         docker_build "$tag" "$ctx" || { rm -rf "$ctx"; return 1; }
         rm -rf "$ctx" ;;
+      mediabase) docker_build "$tag" lab/images/mediabase ;;
       vllm-standin|comfyui-standin|plex-standin|ovms-standin)
         docker_build "$tag" lab/standins "lab/standins/Dockerfile.${name%-standin}" ;;
       rhel10-sim)
@@ -140,7 +143,7 @@ prune_stages() {
 if [ "${1:-}" = "--tag" ]; then tag_of "$2"; exit 0; fi
 if [ "${1:-}" = "--prune-stages" ]; then prune_stages; exit 0; fi
 [ -x .venv/bin/python ] || tools/venv.sh
-for n in base pybase vllm-standin comfyui-standin plex-standin ovms-standin rhel10-sim; do
+for n in base pybase mediabase vllm-standin comfyui-standin plex-standin ovms-standin rhel10-sim; do
   build_one "$n"
 done
 save_runtime
