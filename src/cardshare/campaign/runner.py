@@ -116,7 +116,10 @@ class CardPlex:
             age = self.clock() - float(doc["timestamp_unix"])
             cards = doc["cards"].values()
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"the card data {self.current_json} cannot be read ({type(exc).__name__})"
+            return (
+                f"the card data {self.current_json} cannot be read ({type(exc).__name__}); "
+                "without it a transcode cannot be ruled out (is the recorder running?)"
+            )
         if age > self.max_age:
             return f"the card data is {age:.0f} s old (more than {self.max_age:.0f} s)"
         for card in cards:
