@@ -505,17 +505,19 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
         return st if st["mode"] == "llm" and st["queue_length"] == 0 else None
 
     wait_for("llm with an empty queue", at_rest, 180)
-    since = lab(host, "date -u +%Y-%m-%dT%H:%M:%S").strip()
-    lab(host, "mkdir -p /srv/cardshare-sim/lab && echo 1 > /srv/cardshare-sim/lab/vllm-fail-next-starts")
+    knob = "/srv/cardshare-sim/lab/vllm-fail-next-starts"
+    since = lab(host, "date +%s").strip()  # Unix seconds: no time zone to misread
+    lab(host, f"mkdir -p /srv/cardshare-sim/lab && echo 1 > {knob}")
     try:
         first = submit(arbiter, token)
         wait_for("the job to be done", lambda: all_done(arbiter, [first]), 300)
         st = wait_for("vLLM serving again", lambda: at_rest() if vllm_healthy_or_down(host) else None, 300)
+        assert not host.file(knob).exists, "the vLLM stand-in never started (its knob is still there)"
     finally:
-        lab(host, "rm -f /srv/cardshare-sim/lab/vllm-fail-next-starts")
+        lab(host, f"rm -f {knob}")
     logs = lab(host, f"docker logs --since {since} arbiter-arbiter-1 2>&1")
     failures = [line for line in logs.splitlines() if "failed to start for want of VRAM" in line]
-    assert len(failures) == 1 and "reclaimed; retrying plan 0" in failures[0], failures
+    assert len(failures) == 1 and "reclaimed; retrying plan 0" in failures[0], logs[-3000:]
     assert "could not get its memory in" not in logs  # never gave up
     assert not st["llm_plan"]["degraded"], st["llm_plan"]
     assert "llm_insufficient_vram" not in {a["name"] for a in st["alerts"]}
