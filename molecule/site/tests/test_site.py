@@ -516,7 +516,9 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
     finally:
         lab(host, f"rm -f {knob}")
     logs = lab(host, f"docker logs --since {since} arbiter-arbiter-1 2>&1")
+    refused = lab(host, f"docker logs --since {since} vllm-vllm-1 2>&1 | grep -c 'Free memory on device' || true")
     failures = [line for line in logs.splitlines() if "failed to start for want of VRAM" in line]
+    assert refused.strip() == "1", f"the stand-in refused {refused.strip()} start(s)\n{logs[-3000:]}"
     assert len(failures) == 1 and "reclaimed; retrying plan 0" in failures[0], logs[-3000:]
     assert "could not get its memory in" not in logs  # never gave up
     assert not st["llm_plan"]["degraded"], st["llm_plan"]
