@@ -498,7 +498,12 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
     """The vLLM stand-in's lab knob (SIMULATION: memory taken between the arbiter's measure
     and the load) fails the handback's first start with vLLM's insufficient-memory error. Pass
     one reclaims (ComfyUI off the card, its release measured) and starts the same plan again,
-    which serves: one failure, one retry, agents answered, the alert gone."""
+    which serves: one failure, one retry, agents answered, the alert gone.
+
+    Docker's restart policy (unless-stopped) would start the failed container again by itself
+    within a tenth of a second, before the arbiter looks, and that start would find the memory
+    back: a retry the arbiter never sees. The policy is off for this test, so the arbiter's
+    own pass is what is shown."""
 
     def at_rest() -> dict[str, Any] | None:
         st = status(arbiter)
@@ -508,6 +513,7 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
     knob = "/srv/cardshare-sim/lab/vllm-fail-next-starts"
     since = lab(host, "date +%s").strip()  # Unix seconds: no time zone to misread
     lab(host, f"mkdir -p /srv/cardshare-sim/lab && echo 1 > {knob}")
+    lab(host, "docker update --restart=no vllm-vllm-1")
     try:
         first = submit(arbiter, token)
         wait_for("the job to be done", lambda: all_done(arbiter, [first]), 300)
@@ -515,6 +521,7 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
         assert not host.file(knob).exists, "the vLLM stand-in never started (its knob is still there)"
     finally:
         lab(host, f"rm -f {knob}")
+        lab(host, "docker update --restart=unless-stopped vllm-vllm-1")
     logs = lab(host, f"docker logs --since {since} arbiter-arbiter-1 2>&1")
     refused = lab(host, f"docker logs --since {since} vllm-vllm-1 2>&1 | grep -c 'Free memory on device' || true")
     failures = [line for line in logs.splitlines() if "failed to start for want of VRAM" in line]
