@@ -21,7 +21,6 @@ file that shrank or was replaced is read again from the start, with everything e
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cardshare.recorder.report import interval_of
+from cardshare.recorder.report import interval_of, snapshot_of
 
 __all__ = ["ENGINE_GROUPS", "HistoryView", "engine_group"]
 
@@ -175,20 +174,11 @@ class HistoryView:
         for line in lines:
             if not line.strip():
                 continue
-            try:
-                doc = json.loads(line)
-            except ValueError:
+            doc = snapshot_of(line)
+            if doc is None:
                 self.skipped += 1
                 continue
-            stamp = doc.get("timestamp_unix") if isinstance(doc, dict) else None
-            if (
-                not isinstance(stamp, int | float)
-                or isinstance(stamp, bool)
-                or not isinstance(doc.get("cards"), dict)
-            ):
-                self.skipped += 1
-                continue
-            stamp = float(stamp)
+            stamp = float(doc["timestamp_unix"])
             if stamp in self._seen:
                 continue
             self._seen.add(stamp)

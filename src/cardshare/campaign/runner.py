@@ -193,14 +193,17 @@ class Campaign:
         self.control = control or Control(clock)
         self.clock = clock
         self.sleep = sleep
-        self.minute_of_day = minute_of_day or (
-            lambda: (lambda t: t.tm_hour * 60 + t.tm_min)(time.localtime(clock()))
-        )
+        self.minute_of_day = minute_of_day or self._local_minute
+        self._seconds = 0.0  # how long the last encode ran
         self.phase = "idle"
         self.current: str | None = None
         self.paused_reason: str | None = None
         self.alerts: dict[str, str] = {}
         self.last_scan: float | None = None
+
+    def _local_minute(self) -> int:
+        now = time.localtime(self.clock())
+        return now.tm_hour * 60 + now.tm_min
 
     # --- start: what a killed campaign left ------------------------------------------------
 
@@ -464,9 +467,7 @@ class Campaign:
             os.unlink(path)
             _fsync_dir(os.path.dirname(path))
         st = os.stat(target)
-        self.store.done(
-            path, target, st.st_size, st.st_mtime_ns, held, getattr(self, "_seconds", 0.0)
-        )
+        self.store.done(path, target, st.st_size, st.st_mtime_ns, held, self._seconds)
         log.info("done: %s, %d -> %d bytes (original held at %s)", path, row.size, st.st_size, held)
         return "done"
 

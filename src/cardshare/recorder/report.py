@@ -29,6 +29,7 @@ __all__ = [
     "interval_of",
     "parse_lines",
     "read_month",
+    "snapshot_of",
 ]
 
 
@@ -80,6 +81,20 @@ class MonthReport:
         }
 
 
+def snapshot_of(line: str | bytes) -> dict[str, Any] | None:
+    """The snapshot a history line holds (a time and its cards), else None."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cards"), dict):
+        return None
+    stamp = doc.get("timestamp_unix")
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        return None
+    return doc
+
+
 def parse_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
     """Snapshots from history lines, sorted by time, and the count of unusable lines."""
     snapshots: list[dict[str, Any]] = []
@@ -87,16 +102,8 @@ def parse_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
     for line in lines:
         if not line.strip():
             continue
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if (
-            not isinstance(doc, dict)
-            or not isinstance(doc.get("timestamp_unix"), int | float)
-            or not isinstance(doc.get("cards"), dict)
-        ):
+        doc = snapshot_of(line)
+        if doc is None:
             bad += 1
             continue
         snapshots.append(doc)

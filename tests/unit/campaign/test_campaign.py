@@ -110,8 +110,9 @@ def sha(path: Path | str) -> str:
 RULES = {"min_width": 320, "min_bit_rate": 100_000}
 
 
-def config_for(tmp_path: Path, **extra: Any) -> Any:
-    raw = {
+def raw_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """The campaign's JSON config for a library under ``tmp_path`` (software encoder)."""
+    return {
         "libraries": [str(tmp_path / "library")],
         "state_dir": str(tmp_path / "state"),
         "hold_dir": str(tmp_path / "hold"),
@@ -120,12 +121,15 @@ def config_for(tmp_path: Path, **extra: Any) -> Any:
         "software_preset": "ultrafast",
         "quality": 34,
         "reserve_bytes": 0,
-        "poll_seconds": 0.05,
-        "retry_seconds": 60,
         **RULES,
         **extra,
     }
-    return parse_config(raw)
+
+
+def config_for(tmp_path: Path, **extra: Any) -> Any:
+    return parse_config(
+        raw_config(tmp_path, **{"poll_seconds": 0.05, "retry_seconds": 60, **extra})
+    )
 
 
 @pytest.fixture
@@ -577,18 +581,7 @@ def test_the_service_killed_mid_file_loses_nothing(tmp_path: Path, library: Path
     src = make_clip(library / "a.mkv", seconds=4)
     before = sha(src)
     conf = tmp_path / "campaign.json"
-    raw = {
-        "libraries": [str(tmp_path / "library")],
-        "state_dir": str(tmp_path / "state"),
-        "hold_dir": str(tmp_path / "hold"),
-        "encoders": [],
-        "software_encoder": "libx265",
-        "software_preset": "medium",
-        "quality": 34,
-        "reserve_bytes": 0,
-        "listen_port": 0,
-        **RULES,
-    }
+    raw = raw_config(tmp_path, software_preset="medium", listen_port=0)
     conf.write_text(json.dumps(raw))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3] / "src")}
     argv = [sys.executable, "-m", "cardshare.campaign", "--config", str(conf)]
@@ -818,4 +811,65 @@ async def test_the_arbiters_own_client_gets_its_ack_from_the_campaign(
     finally:
         stop.set()
         worker.join(60)
+        server.shutdown()
+
+
+# Plex's GET /status/sessions, in the shape facts.md gives (a TranscodeSession element with
+# its transcodeHw* attributes); the stand-in's sessions answer the same way.
+SESSIONS = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<MediaContainer size="1"><Video key="/library/1">'
+    '<TranscodeSession key="/transcode/sessions/a" videoDecision="transcode" '
+    'transcodeHwRequested="1" transcodeHwEncoding="vaapi"/></Video></MediaContainer>'
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "expect"),
+    [
+        ("sessions", "Plex transcodes (1 session(s), 1 on the card)"),
+        ("idle", None),
+        ("garbage", None),  # logged; the card data is the other source
+        ("500", None),
+        ("401", None),
+        ("hang", None),  # bounded by the timeout
+        ("closed", None),
+    ],
+)
+def test_plex_sessions_answers(answer: str, expect: str | None) -> None:
+    import http.server
+    import socket
+
+    from cardshare.campaign.runner import PlexSessions
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            assert self.path == "/status/sessions" and self.headers["X-Plex-Token"] == "tok"
+            if answer == "hang":
+                time.sleep(3)
+            if answer == "closed":
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            body = {
+                "sessions": SESSIONS,
+                "idle": '<MediaContainer size="0"></MediaContainer>',
+                "garbage": "<MediaContainer><Video",
+            }.get(answer, "error")
+            status = int(answer) if answer.isdigit() else 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        plex = PlexSessions(f"http://127.0.0.1:{server.server_address[1]}", "tok", timeout=1.0)
+        started = time.monotonic()
+        assert plex() == expect
+        assert time.monotonic() - started < 2.5
+    finally:
         server.shutdown()
