@@ -33,6 +33,7 @@ MODULES = (
     "benchretrieval.py",
     "campaign/__init__.py",
     "campaign/cli.py",
+    "campaign/summary.py",
     "cli.py",
     "docker_api.py",
     "fdinfo.py",

@@ -19,6 +19,8 @@ logs=.cache/demo; mkdir -p "$logs"
 echo; echo "==> the one step a user does by hand: download the models (SIMULATION: placeholders)"
 ansible-playbook -i inventories/lab lab/playbooks/comfyui-models.yml >"$logs/models.log"
 ansible-playbook -i inventories/lab lab/playbooks/vllm-weights.yml >>"$logs/models.log"
+echo "==> ... and has a media library for the re-encode campaign (empty directories)"
+ansible-playbook -i inventories/lab lab/playbooks/media-library.yml >>"$logs/models.log"
 run_site() {
   ANSIBLE_STDOUT_CALLBACK=default ansible-playbook -i inventories/lab playbooks/site.yml --diff "$@"
 }

@@ -89,6 +89,14 @@ drm-engine-capacity-ccs:\t4
 PLAIN_FDINFO = "pos:\t0\nflags:\t0100000\nmnt_id:\t1\nino:\t2\n"
 
 
+# /proc/<pid>/stat as the kernel prints it (52 fields; field 22 is the start time in ticks)
+STAT = (
+    "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 3456 0 0 0 120 40 0 0 20 0 8 0 {start} "
+    "1234567890 45678 18446744073709551615 1 1 0 0 0 0 0 4096 17642 0 0 0 17 1 0 0 0 0 0 "
+    "0 0 0 0 0 0 0 0\n"
+)
+
+
 def build_tree(
     root: Path, processes: int, fds: int, drm_fds: int, clients: int
 ) -> tuple[list[str], Callable[[os.stat_result], bool], bool]:
@@ -112,6 +120,8 @@ def build_tree(
         (base / "fd").mkdir(parents=True)
         (base / "fdinfo").mkdir()
         (base / "comm").write_text(f"worker{i % 7}\n")
+        # every real /proc/<pid> has stat (a scanner reads the start time there, and comm)
+        (base / "stat").write_text(STAT.format(pid=pid, comm=f"worker{i % 7}", start=1000 + i))
         (base / "cmdline").write_bytes(f"/usr/bin/worker{i % 7}\0--flag\0".encode())
         cid = i % clients
         (base / "cgroup").write_text(f"0::/system.slice/docker-{cid:064x}.scope\n")

@@ -6,8 +6,9 @@ not: vLLM's computed flags in the engine's view, a completion through the patien
 an image job traded through the arbiter (vLLM stopped, ComfyUI started, the photo made,
 the card handed back), an embedding and a rerank through the retrieval tier (resident on the
 card through the swap), who the recorder saw on the card, and a few lines of the Prometheus
-textfile it writes for node_exporter (when recorder_textfile_path is set), and the arbiter's
-status page.
+textfile it writes for node_exporter (when recorder_textfile_path is set), the arbiter's
+status page, and the re-encode campaign taking a 4K clip dropped into the library (made by
+ffmpeg in the campaign's container; the lab's encoder is the software one, SIMULATION).
 """
 
 import base64
@@ -23,6 +24,10 @@ ARBITER = "http://127.0.0.1:8090"
 RETRIEVAL = "http://127.0.0.1:8100"
 PROXY = "http://127.0.0.1:8080"
 RECORDER_UNIT = "cardshare-recorder.service"
+CAMPAIGN = "http://127.0.0.1:8097"
+CAMPAIGN_CONTAINER = "campaign-encoder-1"
+# a library of the lab inventory's transcode_campaign_libraries
+TOUR_CLIP = "/srv/media/Films/A Tour Remux (2026).mkv"
 # the textfile's metrics the tour shows: VRAM and busy share per client
 TEXTFILE_SHOWN = ("cardshare_client_vram_bytes", "cardshare_client_engine_busy_ratio")
 with open("/etc/cardshare/arbiter/token", encoding="utf-8") as _fh:
@@ -211,6 +216,7 @@ def main():
     print("  " + out.strip().replace("\n", "\n  "))
     show_textfile()
     show_status_page()
+    show_campaign()
 
 
 def show_status_page():
@@ -225,6 +231,33 @@ def show_status_page():
         f"the same as JSON at /v1/overview). To open it from a browser or a phone, set "
         f"arbiter_listen_address to the box's LAN address."
     )
+
+
+def show_campaign():
+    """A 4K remux-like clip into the library; the campaign encodes, verifies and replaces it."""
+    if call("GET", f"{CAMPAIGN}/v1/status")["counts"].get("done", 0) == 0:
+        subprocess.run(
+            ["docker", "exec", CAMPAIGN_CONTAINER, "ffmpeg", "-v", "error", "-y",
+             "-f", "lavfi", "-i", "testsrc2=size=3840x2160:rate=24:duration=2",
+             "-f", "lavfi", "-i", "sine=f=440:d=2",
+             "-c:v", "libx264", "-preset", "ultrafast", "-qp", "6", "-c:a", "flac",
+             "-metadata:s:a:0", "language=eng", TOUR_CLIP],
+            check=True,
+        )  # fmt: skip
+        print(f"a 4K clip dropped into the library: {TOUR_CLIP}")
+    deadline = time.monotonic() + 300
+    while call("GET", f"{CAMPAIGN}/v1/status")["counts"].get("done", 0) == 0:
+        if time.monotonic() > deadline:
+            sys.exit("the campaign did not re-encode the clip:\n" + campaign_status())
+        time.sleep(2)
+    print("the re-encode campaign, as `cardshare campaign status` tells it:")
+    print("  " + campaign_status().strip().replace("\n", "\n  "))
+
+
+def campaign_status():
+    return subprocess.run(
+        ["cardshare", "campaign", "status"], capture_output=True, text=True, check=False
+    ).stdout
 
 
 if __name__ == "__main__":

@@ -79,6 +79,12 @@ from typing import Any, TextIO
 from cardshare.campaign.cli import COMMANDS as CAMPAIGN_COMMANDS
 from cardshare.campaign.cli import CampaignError
 from cardshare.campaign.cli import add_parsers as add_campaign_parsers
+from cardshare.campaign.summary import DATABASE as CAMPAIGN_DATABASE
+from cardshare.campaign.summary import (
+    CampaignSummaryError,
+    format_campaign_line,
+    read_campaign_month,
+)
 from cardshare.naming import (
     DEFAULT_RULES,
     CommandRule,
@@ -95,6 +101,8 @@ from cardshare.recorder.report import build_report, format_report, read_month
 __all__ = ["main"]
 
 DEFAULT_DATA_DIR = "/var/lib/cardshare"
+# the transcode_campaign role's default transcode_campaign_data_dir
+DEFAULT_CAMPAIGN_DB = Path("/var/lib/cardshare/campaign") / CAMPAIGN_DATABASE
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 DEFAULT_PODMAN_SOCKET = "/run/podman/podman.sock"
 _MONTH_RE = re.compile(r"^([0-9]{4})-(0[1-9]|1[0-2])$")
@@ -187,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=120.0,
         help="longest interval one scan may stand for, in seconds (default 120)",
+    )
+    report.add_argument(
+        "--campaign-db",
+        type=Path,
+        default=DEFAULT_CAMPAIGN_DB,
+        help="the re-encode campaign's database, for its line (default %(default)s; "
+        "no line when it does not exist)",
     )
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_arbiter_parsers(sub)
@@ -299,10 +314,21 @@ def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     # a closed month is gzipped by the first scan of the next one: both files are read
     snapshots, bad = read_month(args.data_dir / HISTORY, args.month)
     report = build_report(args.month, snapshots, bad, args.max_interval)
+    # the campaign's month beside the card's: what its time on the card won back
+    campaign: dict[str, Any] | None
+    try:
+        summary = read_campaign_month(args.campaign_db, args.month)
+        campaign = summary.as_dict() if summary else None
+        line = format_campaign_line(summary) if summary else None
+    except CampaignSummaryError as exc:
+        campaign = {"error": str(exc)}
+        line = f"re-encode campaign: its database cannot be read ({exc})"
     if args.json:
-        out.write(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")
+        out.write(
+            json.dumps(report.as_dict() | {"campaign": campaign}, indent=2, sort_keys=True) + "\n"
+        )
     else:
-        out.write(format_report(report))
+        out.write(format_report(report) + (line + "\n" if line else ""))
     return 0
 
 

@@ -32,6 +32,7 @@ scan raises :class:`ScanPermissionError` instead of returning an empty card.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import stat
@@ -277,15 +278,23 @@ def _process_info(
     if comm is None:
         comm = _text_at(opener, "comm", pid_dfd).rstrip("\n")
     cmdline = _text_at(opener, "cmdline", pid_dfd)
-    cgroup = _text_at(opener, "cgroup", pid_dfd)
+    container, placed = _cgroup_facts(_text_at(opener, "cgroup", pid_dfd))
     return ProcessInfo(
         pid=pid,
         comm=comm,
         cmdline=cmdline.replace("\0", " ").strip(),
-        container=container_from_cgroup(cgroup),
+        container=container,
         start_time=start_time,
-        cgroup=primary_cgroup(cgroup),
+        cgroup=placed,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _cgroup_facts(text: str) -> tuple[ContainerRef | None, str]:
+    """The container and the placing path of a cgroup file's text. The processes of one
+    container share one text, and every holder of a client is read: each text is parsed once
+    (both results are immutable)."""
+    return container_from_cgroup(text), primary_cgroup(text)
 
 
 def read_process_info(proc_dir: str, pid: int, opener: Opener = os.open) -> ProcessInfo:

@@ -162,6 +162,19 @@ def test_the_box_is_up_as_site_left_it(host: Any, arbiter: str) -> None:
     assert st["queue_length"] == 0
 
 
+def test_the_campaign_runs_and_the_arbiter_can_ask_it_to_step_aside(host: Any) -> None:
+    """site.yml ran transcode_campaign (the lab lists a library) before the arbiter, whose
+    default yielding tenants are the campaign's published transcode_campaign_tenant."""
+    config = json.loads(lab(host, "cat /opt/cardshare/arbiter/arbiter.json"))
+    assert config["yielding_tenants"] == [
+        {"name": "campaign/encoder", "url": "http://127.0.0.1:8097", "ack_seconds": 8.0}
+    ], config["yielding_tenants"]
+    campaign = json.loads(
+        lab(host, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8097/v1/status', timeout=10).read().decode())\"")
+    )
+    assert campaign["encoder"]["software"] is True and campaign["phase"] in ("idle", "waiting", "encoding"), campaign
+
+
 def test_the_labs_card_reaper_runs(host: Any) -> None:
     """SIMULATION: the lab's stand-in for the kernel closing a dead process's DRM file runs
     (without it a killed stand-in's VRAM stays on the simulated card for ever)."""

@@ -176,3 +176,119 @@ def test_the_service_killed_mid_file_loses_nothing(host: Any) -> None:
     assert lab(host, f"sha256sum {shlex.quote(done['held_path'])}").split()[0] == original
     assert not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
     assert status(host)["counts"]["done"] == 4
+
+
+def temp_of(path: str) -> str:
+    """The encode's temporary output beside the original (campaign.runner.TEMP_PREFIX)."""
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/.cardshare-encoding.{name}.mkv"
+
+
+def paused_by_plex_mid_file(host: Any, path: str) -> None:
+    """The encode of ``path`` under way, then stopped for Plex (who stays on: the caller turns
+    it off)."""
+    wait_for("the encoder to start on it", lambda: status(host)["current"] == path and encoder_states(host), 120, 0.5)
+    plex_transcode(host, "on")
+    st = wait_for("the campaign to pause for Plex", lambda: (s := status(host))["phase"] == "paused" and s, 30, 0.5)
+    states, r = encoder_states(host), row(host, path)
+    assert states == ["T"] and r["state"] == "encoding", (states, r, st)
+
+
+# The encoder's result damaged where it is already written (a failing disk, a bad write), run on
+# the lab host as one program so that it acts within milliseconds: ffmpeg's Matroska muxer
+# writes a cluster (5 s of media) at a time, so a 6-second clip's result has its first cluster
+# on disk for only the last seconds of its encode. It waits for that cluster, stops the encoder
+# (SIGSTOP, the test's own), writes 64 KiB of random bytes into the cluster's middle, and lets
+# the encoder go on. It prints the result's size when it was damaged.
+DAMAGE = r"""
+import os, signal, sys, time
+temp = sys.argv[1]
+deadline = time.monotonic() + 300
+while not (os.path.exists(temp) and os.path.getsize(temp) > 0):
+    if time.monotonic() > deadline:
+        sys.exit("no result was written")
+    time.sleep(0.02)
+pids = []
+for p in os.listdir("/proc"):
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if argv[0].endswith(b"ffmpeg") and b"-c:v:0" in argv and temp.encode() in argv:
+        pids.append(int(p))
+if len(pids) != 1:
+    sys.exit(f"the encoder was not found running ({pids}): it ended before its result could be damaged")
+os.kill(pids[0], signal.SIGSTOP)
+try:
+    size = os.path.getsize(temp)
+    with open(temp, "r+b") as fh:
+        fh.seek(size // 2)
+        fh.write(os.urandom(65536))
+finally:
+    os.kill(pids[0], signal.SIGCONT)
+print(size)
+"""
+
+
+def campaign_log(host: Any, since: str) -> str:
+    return lab(host, f"docker logs --since {shlex.quote(since)} {CONTAINER} 2>&1")
+
+
+def test_a_file_changed_during_its_encode_is_not_replaced(host: Any) -> None:
+    path = add_film(host, "Remux Five (2025).mkv")
+    since = lab(host, "date -u +%Y-%m-%dT%H:%M:%SZ").strip()
+    try:
+        paused_by_plex_mid_file(host, path)
+        # the user's tagger rewrites the file while it is encoded: a new mtime, new bytes
+        lab(host, f"printf 'tag' >> {shlex.quote(path)}")
+        changed = lab(host, f"sha256sum {shlex.quote(path)}").split()[0]
+    finally:
+        plex_transcode(host, "off")
+    wait_for(
+        "the campaign to refuse to replace it",
+        lambda: f"not replaced: {path} changed while it was encoded" in campaign_log(host, since),
+        300,
+    )
+    assert lab(host, f"sha256sum {shlex.quote(path)}").split()[0] == changed  # the user's file stands
+    assert not lab(host, f"ls {shlex.quote(HELD)} | grep -F 'Remux Five' || true").strip()
+    # examined again as the file it now is, and done from that
+    done = wait_for("the changed file to be done", lambda: (r := row(host, path)) and r["state"] == "done" and r, 300)
+    assert lab(host, f"sha256sum {shlex.quote(done['held_path'])}").split()[0] == changed
+    assert not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
+
+
+def test_a_corrupted_result_keeps_the_original_and_says_why(host: Any) -> None:
+    path = add_film(host, "Remux Six (2026).mkv")
+    original = lab(host, f"sha256sum {shlex.quote(path)}").split()[0]
+    damaged_at = int(lab(host, f"python3 -c {shlex.quote(DAMAGE)} {shlex.quote(temp_of(path))}"))
+    assert damaged_at > 65536 * 4, damaged_at  # a cluster, past the header
+    failed = wait_for("the file to fail its checks", lambda: (r := row(host, path)) and r["state"] == "failed" and r, 300)
+    assert "the decode pass failed" in failed["reason"] and failed["reason"].endswith("the original is kept"), failed
+    assert lab(host, f"sha256sum {shlex.quote(path)}").split()[0] == original
+    assert failed["held_path"] is None and not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
+    st = status(host)
+    assert {"path": path, "reason": failed["reason"]} in st["failed"] and st["counts"]["failed"] == 1, st
+    # and `cardshare campaign status`, as a user reads it, names the file and the reason
+    text = lab(host, "cardshare campaign status")
+    assert f"  {path}: the decode pass failed" in text, text
+
+
+def test_the_recorders_report_has_the_campaigns_month(host: Any) -> None:
+    month = lab(host, "date -u +%Y-%m").strip()
+    doc = json.loads(lab(host, f"cardshare report --month {month} --json"))["campaign"]
+    rows = json.loads(
+        lab(
+            host,
+            f"docker exec {CONTAINER} python3 -c "
+            + shlex.quote(
+                "import json, sqlite3\n"
+                "c = sqlite3.connect('/var/lib/cardshare/campaign/campaign.sqlite3')\n"
+                "print(json.dumps(c.execute(\"SELECT COUNT(*), SUM(size - new_size) FROM files WHERE state = 'done'\").fetchone()))\n"
+            ),
+        )
+    )
+    # every file of the tests above was replaced this month, one failed
+    assert (doc["done"], doc["saved_bytes"], doc["failed"]) == (rows[0], rows[1], 1), doc
+    assert doc["done"] >= 5 and doc["held_bytes_now"] > 0
+    line = lab(host, f"cardshare report --month {month}").splitlines()[-1]
+    assert line.startswith(f"re-encode campaign: {rows[0]} file(s) replaced, ") and "; 1 failed (originals kept" in line, line

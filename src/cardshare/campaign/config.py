@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cardshare.campaign.rules import Checks, Rules
+from cardshare.campaign.summary import DATABASE
 
 __all__ = ["CampaignConfig", "ConfigError", "Hours", "load_config", "parse_config"]
 
@@ -69,7 +70,7 @@ class CampaignConfig:
 
     @property
     def db_path(self) -> Path:
-        return self.state_dir / "campaign.sqlite3"
+        return self.state_dir / DATABASE
 
 
 def _err(key: str, value: Any, fix: str) -> ConfigError:

@@ -424,6 +424,7 @@ class Campaign:
         if reasons:
             _drop(temp)
             self.store.fail(path, "; ".join(reasons) + "; the original is kept")
+            log.warning("not replaced: %s: %s; the original is kept", path, "; ".join(reasons))
             return "failed: " + "; ".join(reasons)
         try:
             now = os.stat(path)
@@ -436,6 +437,7 @@ class Campaign:
                 "the original changed while it was encoded; not replaced",
                 self.clock() + self.config.retry_seconds,
             )
+            log.warning("not replaced: %s changed while it was encoded; queued again", path)
             return "changed while encoding"
         target = _target(path)
         if target != path and os.path.exists(target):
