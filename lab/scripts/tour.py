@@ -28,6 +28,8 @@ CAMPAIGN = "http://127.0.0.1:8097"
 CAMPAIGN_CONTAINER = "campaign-encoder-1"
 # a library of the lab inventory's transcode_campaign_libraries
 TOUR_CLIP = "/srv/media/Films/A Tour Remux (2026).mkv"
+# made beside the library, on its filesystem, then moved in
+TOUR_STAGING = "/srv/media/.tour-remux.mkv"
 # the textfile's metrics the tour shows: VRAM and busy share per client
 TEXTFILE_SHOWN = ("cardshare_client_vram_bytes", "cardshare_client_engine_busy_ratio")
 with open("/etc/cardshare/arbiter/token", encoding="utf-8") as _fh:
@@ -241,9 +243,11 @@ def show_campaign():
              "-f", "lavfi", "-i", "testsrc2=size=3840x2160:rate=24:duration=2",
              "-f", "lavfi", "-i", "sine=f=440:d=2",
              "-c:v", "libx264", "-preset", "ultrafast", "-qp", "6", "-c:a", "flac",
-             "-metadata:s:a:0", "language=eng", TOUR_CLIP],
+             "-metadata:s:a:0", "language=eng", TOUR_STAGING],
             check=True,
         )  # fmt: skip
+        # into the library whole, as a download client moves a finished file
+        subprocess.run(["mv", TOUR_STAGING, TOUR_CLIP], check=True)
         print(f"a 4K clip dropped into the library: {TOUR_CLIP}")
     deadline = time.monotonic() + 300
     while call("GET", f"{CAMPAIGN}/v1/status")["counts"].get("done", 0) == 0:

@@ -91,10 +91,11 @@ def encoder_states(host: Any) -> list[str]:
     return lab(host, f"docker exec {CONTAINER} python3 -c {shlex.quote(script)}").split()
 
 
-def add_film(host: Any, name: str) -> str:
-    """A new 6-second 4K clip in the library (a copy of the prepared one: a new file)."""
+def add_film(host: Any, name: str, clip: str = "long") -> str:
+    """A new 4K clip in the library, 6 seconds long (or 2 for ``short``): a copy of one the
+    prepare made, so a new file."""
     path = f"{FILMS}/{name}"
-    lab(host, f"cp /srv/media/.lab/long.mkv {shlex.quote(path)}")
+    lab(host, f"cp /srv/media/.lab/{clip}.mkv {shlex.quote(path)}")
     return path
 
 
@@ -235,7 +236,7 @@ def campaign_log(host: Any, since: str) -> str:
 
 
 def test_a_file_changed_during_its_encode_is_not_replaced(host: Any) -> None:
-    path = add_film(host, "Remux Five (2025).mkv")
+    path = add_film(host, "Remux Five (2025).mkv", "short")
     since = lab(host, "date -u +%Y-%m-%dT%H:%M:%SZ").strip()
     try:
         paused_by_plex_mid_file(host, path)
