@@ -19,7 +19,9 @@ class CampaignError(Exception):
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """Bytes as a user reads a library: GB, or MB below one GB (a first short file's saving
+    would read 0.0 GB)."""
+    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def _duration(seconds: float) -> str:

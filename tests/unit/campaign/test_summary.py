@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cardshare.campaign.cli import format_status
 from cardshare.campaign.store import FileState, Store
 from cardshare.campaign.summary import (
     CampaignMonth,
@@ -186,3 +187,11 @@ def test_the_report_without_a_campaign_has_no_line_and_a_damaged_one_says_so(
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"re-encode campaign: its database cannot be read ({bad}: file is not a database)"
     )
+
+
+def test_the_status_gives_a_small_saving_in_mb_and_a_large_one_in_gb() -> None:
+    doc = {"phase": "idle", "encoder": {"name": "libx265", "software": True}, "counts": {"done": 1}}
+    small = format_status(doc | {"saved_bytes": 23_987_053, "held_bytes": 25_277_292}, "u")
+    assert "won back:   24 MB; originals held 25 MB" in small
+    large = format_status(doc | {"saved_bytes": 48 * GB, "held_bytes": 80 * GB}, "u")
+    assert "won back:   48.0 GB; originals held 80.0 GB" in large
