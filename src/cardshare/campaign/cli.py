@@ -9,6 +9,8 @@ import urllib.error
 import urllib.request
 from typing import Any, TextIO
 
+from cardshare.campaign.summary import human_bytes
+
 __all__ = ["COMMANDS", "CampaignError", "add_parsers", "format_status"]
 
 DEFAULT_URL = "http://127.0.0.1:8097"
@@ -16,12 +18,6 @@ DEFAULT_URL = "http://127.0.0.1:8097"
 
 class CampaignError(Exception):
     """The campaign's service cannot be asked, or answered nonsense."""
-
-
-def _gb(n: float) -> str:
-    """Bytes as a user reads a library: GB, or MB below one GB (a first short file's saving
-    would read 0.0 GB)."""
-    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def _duration(seconds: float) -> str:
@@ -53,14 +49,14 @@ def format_status(doc: dict[str, Any], url: str) -> str:
         else "files:      none found yet"
     )
     lines.append(
-        f"won back:   {_gb(doc.get('saved_bytes', 0))}; "
-        f"originals held {_gb(doc.get('held_bytes', 0))}"
+        f"won back:   {human_bytes(doc.get('saved_bytes', 0))}; "
+        f"originals held {human_bytes(doc.get('held_bytes', 0))}"
     )
     rate, eta = doc.get("rate_bytes_per_second"), doc.get("eta_seconds")
     lines.append(
-        f"queued:     {_gb(doc.get('queued_bytes', 0))}"
+        f"queued:     {human_bytes(doc.get('queued_bytes', 0))}"
         + (
-            f"; about {_duration(eta)} of encoding at the recent {_gb(rate * 3600)}/h"
+            f"; about {_duration(eta)} of encoding at the recent {human_bytes(rate * 3600)}/h"
             if rate and eta is not None
             else "; no recent rate for an ETA yet"
         )

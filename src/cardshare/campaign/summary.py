@@ -15,9 +15,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-__all__ = ["CampaignMonth", "CampaignSummaryError", "format_campaign_line", "read_campaign_month"]
+__all__ = [
+    "CampaignMonth",
+    "CampaignSummaryError",
+    "format_campaign_line",
+    "human_bytes",
+    "read_campaign_month",
+]
 
-# the service's database under its state directory (campaign.config.Config.database)
+# the service's database under its state directory (CampaignConfig.db_path)
 DATABASE = "campaign.sqlite3"
 
 
@@ -86,17 +92,20 @@ def read_campaign_month(database: Path, month: str) -> CampaignMonth | None:
     return CampaignMonth(month, done, saved, float(seconds), failed, queued, held)
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
+def human_bytes(n: float) -> str:
+    """Bytes as a user reads a library: GB, or MB below one GB (a first short file's saving
+    would read 0.0 GB). The campaign's status and the report's line both use it."""
+    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def format_campaign_line(summary: CampaignMonth) -> str:
     """One line for the report's text form."""
+    saved, held = human_bytes(summary.saved_bytes), human_bytes(summary.held_bytes_now)
     line = (
-        f"re-encode campaign: {summary.done} file(s) replaced, {_gb(summary.saved_bytes)} won back"
+        f"re-encode campaign: {summary.done} file(s) replaced, {saved} won back"
         f" in {summary.encode_seconds / 60:.1f} min of encoding"
     )
     if summary.failed:
         line += f"; {summary.failed} failed (originals kept; `cardshare campaign status` says why)"
-    line += f"; now {summary.queued_now} queued, {_gb(summary.held_bytes_now)} of originals held"
+    line += f"; now {summary.queued_now} queued, {held} of originals held"
     return line

@@ -119,9 +119,9 @@ def test_the_database_is_read_while_the_service_writes_it(database: Path) -> Non
 def test_the_line_says_what_was_won_and_what_failed() -> None:
     line = format_campaign_line(CampaignMonth("2026-12", 2, 48 * GB, 1200.0, 1, 3, 80 * GB))
     assert line == (
-        "re-encode campaign: 2 file(s) replaced, 48.00 GB won back in 20.0 min of encoding; "
+        "re-encode campaign: 2 file(s) replaced, 48.0 GB won back in 20.0 min of encoding; "
         "1 failed (originals kept; `cardshare campaign status` says why); "
-        "now 3 queued, 80.00 GB of originals held"
+        "now 3 queued, 80.0 GB of originals held"
     )
     assert "failed" not in format_campaign_line(CampaignMonth("2026-12", 0, 0, 0.0, 0, 0, 0))
 
@@ -156,9 +156,9 @@ def test_the_report_has_the_campaigns_line(
     # the encoder's minute on the card, then what the campaign won in the month
     assert text.splitlines()[2].startswith("campaign/encoder  0000:03:00.0  1.0 ")
     assert text.splitlines()[3:] == [
-        "re-encode campaign: 2 file(s) replaced, 48.00 GB won back in 20.0 min of encoding; "
+        "re-encode campaign: 2 file(s) replaced, 48.0 GB won back in 20.0 min of encoding; "
         "1 failed (originals kept; `cardshare campaign status` says why); "
-        "now 1 queued, 80.00 GB of originals held",
+        "now 1 queued, 80.0 GB of originals held",
     ]
     assert main([*args, "--campaign-db", str(database), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -165,9 +165,14 @@ TENANT_CASES: list[tuple[str, Any, list[str]]] = [
         ["'url': '127.0.0.1:8097/v1'", "its base URL"],
     ),
     (
+        "a-bound-given-as-text",
+        [{"name": "campaign/encoder", "url": "http://127.0.0.1:8097", "ack_seconds": "10"}],
+        ["'ack_seconds': '10'", "a number above 0, at most 300"],
+    ),
+    (
         "a-bound-out-of-range",
         [{"name": "campaign/encoder", "url": "http://127.0.0.1:8097", "ack_seconds": 600}],
-        ["'ack_seconds': 600", "above 0, at most 300"],
+        ["'ack_seconds': 600", "a number above 0, at most 300"],
     ),
 ]
 
