@@ -11,6 +11,10 @@ Then, for several rounds, alternating the order, it times:
 * baseline: a plain loop that opens and reads every DRM fdinfo file of the tree;
 * minimal: the least a scanner must do, the fair comparison: list each ``fd/`` directory,
   ``readlink`` and ``stat`` every descriptor, read the fdinfo of the DRM ones;
+* walk floor: what no scanner that walks the descriptors can go below, shown beside the
+  baseline's goal: list each ``fd/`` directory, ``readlink`` every descriptor, tell the DRM
+  ones by their link's name (the tree's own; a real scanner cannot trust a name), read their
+  fdinfo, and nothing else (no ``stat``, no parse, no process identity);
 * scan: ``cardshare.recorder.sample`` (list /proc, walk every descriptor, read and parse the
   DRM fdinfo, dedupe, read stat/comm/cmdline/cgroup, name, compute busy shares, build the
   snapshot).
@@ -34,6 +38,7 @@ check falls back to comparing inodes).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import resource
@@ -89,6 +94,8 @@ drm-engine-capacity-ccs:\t4
 PLAIN_FDINFO = "pos:\t0\nflags:\t0100000\nmnt_id:\t1\nino:\t2\n"
 
 
+# the link /proc/<pid>/ns/mnt of a process in the host's mount namespace
+MOUNT_NAMESPACE = "mnt:[4026531841]"
 # /proc/<pid>/stat as the kernel prints it (52 fields; field 22 is the start time in ticks)
 STAT = (
     "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 3456 0 0 0 120 40 0 0 20 0 8 0 {start} "
@@ -124,7 +131,11 @@ def build_tree(
         (base / "stat").write_text(STAT.format(pid=pid, comm=f"worker{i % 7}", start=1000 + i))
         (base / "cmdline").write_bytes(f"/usr/bin/worker{i % 7}\0--flag\0".encode())
         cid = i % clients
-        (base / "cgroup").write_text(f"0::/system.slice/docker-{cid:064x}.scope\n")
+        container = hashlib.sha256(f"container {cid}".encode()).hexdigest()
+        (base / "cgroup").write_text(f"0::/system.slice/docker-{container}.scope\n")
+        # and ns/mnt (a scanner keys what it learnt of a link target on the mount namespace)
+        (base / "ns").mkdir()
+        (base / "ns" / "mnt").symlink_to(MOUNT_NAMESPACE)
         text = FDINFO.format(cid=cid, vram=23992 + cid, ccs=cid * 1000)
         for fd in range(fds):
             link, info = base / "fd" / str(fd), base / "fdinfo" / str(fd)
@@ -181,6 +192,36 @@ def minimal(root: str, is_drm: Callable[[os.stat_result], bool]) -> int:
                         os.close(ifd)
         finally:
             os.close(dfd)
+    return total
+
+
+def walk_floor(root: str) -> int:
+    """Listing, one ``readlink`` per descriptor and the DRM fdinfo reads: nothing else."""
+    proc = os.path.join(root, "proc")
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    proc_fd = os.open(proc, flags)
+    total = 0
+    try:
+        for name in os.listdir(proc_fd):
+            pid_fd = os.open(name, flags, dir_fd=proc_fd)
+            try:
+                fd_dir = os.open("fd", flags, dir_fd=pid_fd)
+                try:
+                    fds = os.listdir(fd_dir)
+                    targets = [os.readlink(fd, dir_fd=fd_dir) for fd in fds]
+                finally:
+                    os.close(fd_dir)
+                for fd, target in zip(fds, targets, strict=True):
+                    if target.endswith("/renderD128"):
+                        info = os.open(f"fdinfo/{fd}", os.O_RDONLY, dir_fd=pid_fd)
+                        try:
+                            total += len(os.read(info, 65536))
+                        finally:
+                            os.close(info)
+            finally:
+                os.close(pid_fd)
+    finally:
+        os.close(proc_fd)
     return total
 
 
@@ -283,6 +324,7 @@ def main() -> int:
         runs: dict[str, Callable[[], object]] = {
             "base": lambda: baseline(paths),
             "minimal": lambda: minimal(root, is_drm),
+            "floor": lambda: walk_floor(root),
             "scan": lambda: sample(root, DEFAULT_RULES, None, state, is_drm=is_drm),
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
@@ -294,13 +336,17 @@ def main() -> int:
                 start = time.perf_counter()
                 runs[which]()
                 times[which].append(time.perf_counter() - start)
-        b, m, s = (statistics.median(times[name]) for name in ("base", "minimal", "scan"))
+        b, m, f, s = (
+            statistics.median(times[name]) for name in ("base", "minimal", "floor", "scan")
+        )
         print(f"rounds: {args.rounds}")
         print(f"baseline (plain read of the DRM fdinfo files): median {b * 1000:.1f} ms")
         print(f"minimal scanner (walk + DRM fdinfo):           median {m * 1000:.1f} ms")
+        print(f"walk floor (readlink + DRM fdinfo, no more):   median {f * 1000:.1f} ms")
         print(f"full scan (cardshare.recorder.sample):         median {s * 1000:.1f} ms")
         print(f"ratio scan/minimal:  {s / m:.2f}x (goal <= 1.0x)")
         print(f"ratio scan/baseline: {s / b:.2f}x (goal <= 2.0x)")
+        print(f"ratio floor/baseline: {f / b:.2f}x (the least any descriptor walk costs here)")
 
         tracemalloc.start()
         sample(root, DEFAULT_RULES, None, state, is_drm=is_drm)

@@ -21,6 +21,7 @@ are skipped and counted in :attr:`FdInfo.malformed`.  Nothing here raises on bad
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -56,7 +57,14 @@ def parse_size(text: str) -> int:
 
     Raises ``ValueError`` naming the offending text when it is not a size.
     """
-    match = _SIZE_RE.match(text.strip())
+    plain = text.strip()
+    if plain.isascii():  # the forms the kernel prints, without the regular expression
+        if plain.isdigit():
+            return int(plain)
+        number, _, unit = plain.partition(" ")
+        if number.isdigit() and unit in _UNITS and unit:
+            return int(number) * _UNITS[unit]
+    match = _SIZE_RE.match(plain)
     if match is None:
         raise ValueError(f"not a size: {text!r}")
     unit = match.group(2) or ""
@@ -67,7 +75,10 @@ def parse_size(text: str) -> int:
 
 def parse_uint(text: str) -> int:
     """Return an unsigned integer, with an optional ``ns`` unit (engine time)."""
-    match = _NS_RE.match(text.strip())
+    plain = text.strip()
+    if plain.isascii() and plain.isdigit():
+        return int(plain)
+    match = _NS_RE.match(plain)
     if match is None:
         raise ValueError(f"not an unsigned integer: {text!r}")
     return int(match.group(1))
@@ -137,6 +148,7 @@ for _driver, _pattern, _cls in REGION_TABLE:
     _COMPILED_TABLE[_driver] = (*_COMPILED_TABLE.get(_driver, ()), (re.compile(_pattern), _cls))
 
 
+@functools.lru_cache(maxsize=1024)
 def region_class(driver: str | None, region: str) -> RegionClass:
     """The class of a memory region of a driver (see :data:`REGION_TABLE`); ``other`` if unknown."""
     for rows in (_COMPILED_TABLE.get(driver or "*", ()), _COMPILED_TABLE["*"]):
@@ -246,14 +258,26 @@ _ENGINE_PREFIXES = (
 _MEMORY_KEY_KINDS = frozenset((*MEMORY_KINDS, "memory"))
 
 
-def _split_line(line: str) -> tuple[str, str] | None:
-    key, sep, value = line.partition(":")
-    if not sep:
-        return None
-    key = key.strip()
+# What a key is, worked out once per distinct key (drivers print the same keys in every file):
+# ("driver"|"client-id"|"pdev"|"other", "", ""), ("engine", class, attribute) or
+# ("memory", region, kind); None for a key that is not one (empty, whitespace inside).
+_Role = tuple[str, str, str]
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_role(key: str) -> _Role | None:
     if not key or _KEY_RE.match(key) is None:
         return None
-    return key, value.strip()
+    if key in ("drm-driver", "drm-client-id", "drm-pdev"):
+        return key[4:], "", ""
+    if key.startswith("drm-"):
+        for prefix, attr in _ENGINE_PREFIXES:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                return "engine", key[len(prefix) :], attr
+        kind, _, region = key[4:].partition("-")
+        if region and kind in _MEMORY_KEY_KINDS:
+            return "memory", region, kind
+    return "other", "", ""
 
 
 def parse_fdinfo(text: str) -> FdInfo:
@@ -266,26 +290,33 @@ def parse_fdinfo(text: str) -> FdInfo:
     other: dict[str, str] = {}
     malformed = 0
     for raw in text.splitlines():
-        if not raw.strip():
+        key, sep, value = raw.partition(":")
+        if not sep:
+            if raw.strip():  # a line without a colon; blank lines are skipped
+                malformed += 1
             continue
-        pair = _split_line(raw)
-        if pair is None:
+        key = key.strip()
+        role = _key_role(key)
+        if role is None:
             malformed += 1
             continue
-        key, value = pair
+        what, name, attr = role
+        value = value.strip()
         try:
-            if key == "drm-driver":
-                if not value:
-                    raise ValueError("empty driver")
-                driver = value
-            elif key == "drm-client-id":
-                client_id = parse_uint(value)
-            elif key == "drm-pdev":
-                if not value:
-                    raise ValueError("empty pdev")
-                pdev = value
-            elif not _parse_counter(key, value, mem, eng):
+            if what == "memory":
+                mem.setdefault(name, {})[attr] = parse_size(value)
+            elif what == "engine":
+                eng.setdefault(name, {})[attr] = parse_uint(value)
+            elif what == "other":
                 other[key] = value
+            elif what == "client-id":
+                client_id = parse_uint(value)
+            elif not value:
+                raise ValueError(f"empty {what}")
+            elif what == "driver":
+                driver = value
+            else:
+                pdev = value
         except ValueError:
             malformed += 1
     memory = {
@@ -316,20 +347,3 @@ def parse_fdinfo(text: str) -> FdInfo:
         other=other,
         malformed=malformed,
     )
-
-
-def _parse_counter(
-    key: str, value: str, mem: dict[str, dict[str, int]], eng: dict[str, dict[str, int]]
-) -> bool:
-    """Store a known counter; return False for keys this module does not interpret."""
-    if not key.startswith("drm-"):
-        return False
-    for prefix, attr in _ENGINE_PREFIXES:
-        if key.startswith(prefix) and len(key) > len(prefix):
-            eng.setdefault(key[len(prefix) :], {})[attr] = parse_uint(value)
-            return True
-    kind, _, region = key[4:].partition("-")
-    if region and kind in _MEMORY_KEY_KINDS:
-        mem.setdefault(region, {})[kind] = parse_size(value)
-        return True
-    return False

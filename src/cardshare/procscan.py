@@ -11,7 +11,10 @@ relative to that descriptor, so a pid that exits and is reused mid-scan cannot l
 name to another process's client.  The start time (field 22 of ``stat``) is read before the
 first DRM read of a process and again after its last read; a record whose start time
 changed is dropped (:attr:`ScanStats.reused`).  Trees without ``stat`` (the lab's simulated
-``/proc``) have no start time and skip that check.
+``/proc``) have no start time and skip that check.  A process holding only clients that a
+lower pid already named keeps a short record (comm, start time); after the walk, the record
+of each client's naming process is completed through ``<root>/proc/<pid>`` opened again,
+used only if its start time is the one recorded.
 
 Each open file read once: before a DRM descriptor's fdinfo is read it is compared with the
 open files already read (``kcmp(pid1, pid2, KCMP_FILE, fd1, fd2)``, through ``ctypes``);
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import re
 import stat
@@ -41,7 +45,13 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
 from cardshare.fdinfo import FdInfo, parse_fdinfo
-from cardshare.naming import ContainerRef, container_from_cgroup, primary_cgroup
+from cardshare.naming import (
+    BROKER_COMMS,
+    ContainerRef,
+    container_from_cgroup,
+    naming_pid,
+    primary_cgroup,
+)
 
 __all__ = [
     "DRM_MAJOR",
@@ -170,7 +180,7 @@ def parse_stat(data: bytes) -> tuple[str, int] | None:
     end = data.rfind(b")")
     if start < 0 or end < start:
         return None
-    fields = data[end + 2 :].split()
+    fields = data[end + 2 :].split(None, 20)  # up to the start time
     if len(fields) < 20 or not fields[19].isdigit():
         return None
     return data[start + 1 : end].decode("utf-8", "replace"), int(fields[19])
@@ -182,11 +192,15 @@ class ProcessInfo:
 
     ``start_time`` is field 22 of its ``stat`` (clock ticks since boot; ``None`` when the tree
     has no ``stat``): with the pid, it names one process, whatever reuses the pid later.
+    ``cmdline`` is ``None`` in the short record of a process that holds only clients another
+    process names: its comm and start time were read, its cgroup only for a broker's comm
+    (``container`` ``None`` and ``cgroup`` empty otherwise); :func:`scan_proc` completes the
+    record of every naming process.
     """
 
     pid: int
     comm: str
-    cmdline: str
+    cmdline: str | None
     container: ContainerRef | None
     start_time: int | None = None
     cgroup: str = ""  # the path that places it (naming.primary_cgroup): brokers are told by it
@@ -232,7 +246,8 @@ class ProcScan:
     """The result of :func:`scan_proc`.
 
     ``processes`` holds the process that names each client: the lowest pid holding it (every
-    holder with ``every_holder=True``).  ``dedupe`` says how shared open files were found:
+    holder with ``every_holder=True``, those that name nothing without their ``cmdline``).
+    ``dedupe`` says how shared open files were found:
     ``"kcmp"`` before reading, ``"compare"`` (an injected :data:`FileOrder`) likewise, or
     ``"client-id"`` (every DRM fdinfo read, clients merged by ``(drm-pdev, drm-client-id)``).
     """
@@ -271,18 +286,33 @@ def _text_at(opener: Opener, name: str, dir_fd: int) -> str:
         return ""
 
 
+def _cmdline_at(opener: Opener, pid_dfd: int) -> str:
+    return _text_at(opener, "cmdline", pid_dfd).replace("\0", " ").strip()
+
+
 def _process_info(
-    opener: Opener, pid_dfd: int, pid: int, comm: str | None, start_time: int | None
+    opener: Opener,
+    pid_dfd: int,
+    pid: int,
+    comm: str | None,
+    start_time: int | None,
+    complete: bool = True,
 ) -> ProcessInfo:
-    """comm (unless known from ``stat``), cmdline and cgroup, relative to the process dir."""
+    """comm (unless known from ``stat``), cgroup and cmdline, relative to the process dir.
+
+    Not ``complete``: the record of a holder that may name no client, which naming_pid
+    reads by comm and cgroup only; the cgroup is read only for a broker's comm (a broker by
+    its unit is found when the record is completed, see complete_naming).
+    """
     if comm is None:
         comm = _text_at(opener, "comm", pid_dfd).rstrip("\n")
-    cmdline = _text_at(opener, "cmdline", pid_dfd)
+    if not complete and comm not in BROKER_COMMS:
+        return ProcessInfo(pid=pid, comm=comm, cmdline=None, container=None, start_time=start_time)
     container, placed = _cgroup_facts(_text_at(opener, "cgroup", pid_dfd))
     return ProcessInfo(
         pid=pid,
         comm=comm,
-        cmdline=cmdline.replace("\0", " ").strip(),
+        cmdline=_cmdline_at(opener, pid_dfd) if complete else None,
         container=container,
         start_time=start_time,
         cgroup=placed,
@@ -352,9 +382,12 @@ class _Scanner:
         self.order = order
         self.result = ProcScan()
         self.stats = self.result.stats
-        self.cache: dict[tuple[str, str], bool] = {}
-        self.parsed: dict[bytes, tuple[ClientKey, FdInfo] | None] = {}
+        # per mount namespace: link target -> is a DRM device
+        self.cache: dict[str, dict[str, bool]] = {}
+        self.parsed: dict[bytes, tuple[ClientKey, FdInfo] | tuple[None, None]] = {}
         self.reps: list[_Rep] = []  # sorted by ``order``
+        # the last fdinfo text the process being read gave, and its outcome (read_fdinfo)
+        self.last_text: tuple[bytes, ClientKey | None] | None = None
         self.vanished_processes = 0
 
     # --- descriptors -----------------------------------------------------------------------
@@ -381,40 +414,20 @@ class _Scanner:
         except OSError:
             stats.unreadable += 1
             return None
-        drm_fds: list[str] = []
-        namespace: str | None = None
-        cache = self.cache
-        readlink = os.readlink
         try:
             fds = os.listdir(dfd)
+            if not fds:
+                return []
             stats.descriptors += len(fds)
-            for fd in fds:
-                try:
-                    target = readlink(fd, dir_fd=dfd)
-                except FileNotFoundError:
-                    stats.vanished += 1
-                    continue
-                except OSError:
-                    stats.unreadable += 1
-                    continue
-                if target.startswith(_PSEUDO_FILES):
-                    continue
-                if namespace is None:
-                    namespace = self.namespace_key(pid, pid_dfd)
-                key = (namespace, target)
-                drm = cache.get(key)
-                if drm is None:
-                    try:
-                        st = os.stat(fd, dir_fd=dfd)
-                    except FileNotFoundError:
-                        stats.vanished += 1
-                        continue
-                    except OSError:
-                        stats.unreadable += 1
-                        continue
-                    drm = cache[key] = self.is_drm(st)
-                if drm:
-                    drm_fds.append(fd)
+            fds, targets = self.link_targets(fds, dfd)
+            # what each path is, learnt once per mount namespace
+            known = self.cache.setdefault(self.namespace_key(pid, pid_dfd), {})
+            drm: list[bool | None] = list(map(known.get, targets))
+            if None in drm:
+                for i, answer in enumerate(drm):
+                    if answer is None:
+                        drm[i] = self.learn(fds[i], targets[i], dfd, known)
+            return list(itertools.compress(fds, drm))
         except PermissionError:
             stats.unreadable += 1
             stats.unreadable_processes += 1
@@ -424,7 +437,42 @@ class _Scanner:
             return None
         finally:
             os.close(dfd)
-        return drm_fds
+
+    def learn(self, fd: str, target: str, dfd: int, known: dict[str, bool]) -> bool:
+        """Whether a descriptor not known yet is a DRM device; paths are remembered."""
+        if target.startswith(_PSEUDO_FILES):
+            return False
+        try:
+            st = os.stat(fd, dir_fd=dfd)
+        except FileNotFoundError:
+            self.stats.vanished += 1
+            return False
+        except OSError:
+            self.stats.unreadable += 1
+            return False
+        drm = known[target] = self.is_drm(st)
+        return drm
+
+    def link_targets(self, fds: list[str], dfd: int) -> tuple[list[str], list[str]]:
+        """The descriptors still open and their link targets (closed ones are counted)."""
+        readlink = os.readlink
+        try:  # the common case: no descriptor closed since the listing
+            return fds, [readlink(fd, dir_fd=dfd) for fd in fds]
+        except OSError:
+            pass
+        still: list[str] = []
+        targets: list[str] = []
+        for fd in fds:
+            try:
+                targets.append(readlink(fd, dir_fd=dfd))
+            except FileNotFoundError:
+                self.stats.vanished += 1
+                continue
+            except OSError:
+                self.stats.unreadable += 1
+                continue
+            still.append(fd)
+        return still, targets
 
     def namespace_key(self, pid: int, pid_dfd: int) -> str:
         """The mount namespace in which this process's fd link targets resolve.
@@ -440,38 +488,64 @@ class _Scanner:
     # --- fdinfo ----------------------------------------------------------------------------
 
     def read_fdinfo(self, pid_dfd: int, fd: str, pending: dict[ClientKey, FdInfo]) -> _Outcome:
-        stats = self.stats
         try:
-            data = _read_at(self.opener, f"fdinfo/{fd}", pid_dfd)
+            ifd = self.opener(f"fdinfo/{fd}", _FILE_FLAGS, dir_fd=pid_dfd)
+            try:
+                data = os.read(ifd, _READ_SIZE)
+                if len(data) == _READ_SIZE:  # a long text (see _read_fd)
+                    data += _read_fd(ifd)
+            finally:
+                os.close(ifd)
         except FileNotFoundError:
-            stats.vanished += 1
+            self.stats.vanished += 1
             return _SKIP
         except OSError:
-            stats.unreadable += 1
+            self.stats.unreadable += 1
             return _SKIP
-        stats.fdinfo_reads += 1
-        # Descriptors of one client print the same text: the common case is a dict hit.
-        if data in self.parsed:
-            known = self.parsed[data]
-            if known is None:
-                stats.not_clients += 1
-                return None
-            key, info = known
+        self.stats.fdinfo_reads += 1
+        # Descriptors of one open file print one text: the process's last text is compared
+        # first (its outcome is in ``pending`` or known), then the texts of the scan.
+        last = self.last_text
+        if last is not None and last[0] == data:
+            key = last[1]
         else:
-            quick = _quick_key(data)
-            if quick is not None and (quick in self.result.clients or quick in pending):
-                return quick
-            info = parse_fdinfo(data.decode("utf-8", "replace"))
-            stats.malformed_lines += info.malformed
-            if not info.is_drm_client or info.client_id is None:
-                self.parsed[data] = None
-                stats.not_clients += 1
-                return None
-            key = (info.pdev or UNKNOWN_PDEV, info.client_id)
-            self.parsed[data] = (key, info)
-        if key not in self.result.clients and key not in pending:
-            pending[key] = info
+            known = self.parsed.get(data)
+            if known is None:
+                known = self.parse(data, pending)
+            key, info = known
+            if (
+                key is not None
+                and info is not None  # both or neither (parse)
+                and key not in pending
+                and key not in self.result.clients
+            ):
+                pending[key] = info
+            self.last_text = (data, key)
+        if key is None:
+            self.stats.not_clients += 1
         return key
+
+    def parse(
+        self, data: bytes, pending: dict[ClientKey, FdInfo]
+    ) -> tuple[ClientKey, FdInfo] | tuple[None, None]:
+        """What a fdinfo text not seen in this scan says: ``(key, parsed)`` of a DRM client,
+        ``(None, None)`` for a DRM file that is not one.  A text of a client already known
+        (another descriptor's text differs only in ``pos`` or ``flags``) is not parsed."""
+        quick = _quick_key(data)
+        if quick is not None:
+            found = pending.get(quick)
+            if found is None and quick in self.result.clients:
+                found = self.result.clients[quick].fdinfo
+            if found is not None:
+                return quick, found
+        info = parse_fdinfo(data.decode("utf-8", "replace"))
+        self.stats.malformed_lines += info.malformed
+        if not info.is_drm_client or info.client_id is None:
+            self.parsed[data] = (None, None)
+            return None, None
+        key = (info.pdev or UNKNOWN_PDEV, info.client_id)
+        self.parsed[data] = (key, info)
+        return key, info
 
     # --- open files already read -----------------------------------------------------------
 
@@ -526,12 +600,63 @@ class _Scanner:
 
     # --- one process -----------------------------------------------------------------------
 
+    def read_unshared(
+        self,
+        pid: int,
+        pid_dfd: int,
+        start: int | None,
+        drm_fds: list[str],
+        pending: dict[ClientKey, FdInfo],
+        mine: list[_Rep],
+        others: set[tuple[int, int | None]],
+    ) -> list[_Outcome]:
+        """Each DRM descriptor's outcome, reading the fdinfo only of open files not read yet.
+
+        The open files read here are added to the representatives (and to ``mine``); the
+        holders of those read before, with their start times, to ``others``.
+        """
+        stats = self.stats
+        outcomes: list[_Outcome] = []
+        hint: _Rep | None = None
+        for fd in drm_fds:
+            stats.drm_descriptors += 1
+            found: tuple[int, _Rep | None] | None = (-1, None)
+            if self.order is not None:
+                try:
+                    found = self.find_rep(pid, int(fd), hint)
+                except DedupeUnavailable:
+                    self.order = None
+                    self.result.dedupe = "client-id"
+                    found = (-1, None)
+            if found is None:
+                stats.vanished += 1
+                continue
+            position, rep = found
+            if rep is not None:
+                stats.fdinfo_reads_saved += 1
+                if rep.key is None:
+                    stats.not_clients += 1
+                if rep.pid != pid:
+                    others.add((rep.pid, rep.start_time))
+                outcomes.append(rep.key)
+                hint = rep
+                continue
+            outcome = self.read_fdinfo(pid_dfd, fd, pending)
+            outcomes.append(outcome)
+            if outcome != _SKIP and self.order is not None and position >= 0:
+                key = outcome if isinstance(outcome, tuple) else None
+                hint = _Rep(pid, int(fd), key, start)
+                self.reps.insert(position, hint)
+                mine.append(hint)
+        return outcomes
+
     def process(self, pid: int, pid_dfd: int, every_holder: bool) -> None:
         drm_fds = self.drm_descriptors(pid, pid_dfd)
         if not drm_fds:
             return
         stats = self.stats
         opener = self.opener
+        self.last_text = None
         # The start time, read once the process is known to matter, and again at the end
         # through the same open file (pread), after every other read of the process.
         try:
@@ -542,45 +667,21 @@ class _Scanner:
             first = parse_stat(os.pread(stat_fd, 4096, 0)) if stat_fd is not None else None
             comm, start = (first[0], first[1]) if first is not None else (None, None)
             pending: dict[ClientKey, FdInfo] = {}
-            outcomes: list[_Outcome] = []
             mine: list[_Rep] = []
             others: set[tuple[int, int | None]] = set()
-            hint: _Rep | None = None
-            for fd in drm_fds:
-                stats.drm_descriptors += 1
-                found: tuple[int, _Rep | None] | None = (-1, None)
-                if self.order is not None:
-                    try:
-                        found = self.find_rep(pid, int(fd), hint)
-                    except DedupeUnavailable:
-                        self.order = None
-                        self.result.dedupe = "client-id"
-                        found = (-1, None)
-                if found is None:
-                    stats.vanished += 1
-                    continue
-                position, rep = found
-                if rep is not None:
-                    stats.fdinfo_reads_saved += 1
-                    if rep.key is None:
-                        stats.not_clients += 1
-                    if rep.pid != pid:
-                        others.add((rep.pid, rep.start_time))
-                    outcomes.append(rep.key)
-                    hint = rep
-                    continue
-                outcome = self.read_fdinfo(pid_dfd, fd, pending)
-                outcomes.append(outcome)
-                if outcome != _SKIP and self.order is not None and position >= 0:
-                    key = outcome if isinstance(outcome, tuple) else None
-                    hint = _Rep(pid, int(fd), key, start)
-                    self.reps.insert(position, hint)
-                    mine.append(hint)
+            if self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
+                stats.drm_descriptors += len(drm_fds)
+                read = self.read_fdinfo
+                outcomes = [read(pid_dfd, fd, pending) for fd in drm_fds]
+            else:
+                outcomes = self.read_unshared(pid, pid_dfd, start, drm_fds, pending, mine, others)
             keys = [o for o in outcomes if isinstance(o, tuple)]
             info: ProcessInfo | None = None
             if pending or (every_holder and keys):
-                info = _process_info(opener, pid_dfd, pid, comm, start)
-            confirmed = all(self.still_there(p, t) for p, t in others)
+                # complete for a process that may name a new client; other holders are
+                # completed later if one of them turns out to name (complete_naming)
+                info = _process_info(opener, pid_dfd, pid, comm, start, bool(pending))
+            confirmed = not others or all(self.still_there(p, t) for p, t in others)
             if stat_fd is not None:
                 try:
                     last = parse_stat(os.pread(stat_fd, 4096, 0))
@@ -607,6 +708,47 @@ class _Scanner:
             client.descriptors += 1
         if info is not None:
             self.result.processes[pid] = info
+
+    def complete_naming(self) -> None:
+        """Complete the record of each client's naming process where the scan kept it short.
+
+        The choice (naming.naming_pid) is made on what is known, the chosen record completed
+        (cgroup and command line), and the choice made again, until the chosen record is
+        complete.  Reading more only rules holders out (a broker by its unit), and a short
+        record is never that of a broker by comm, so the end is the choice every holder's
+        full record gives.  The process is opened again by pid and used only if its start
+        time is the one recorded; one that exited (or whose pid was reused) meanwhile is
+        dropped from ``processes`` and counted as vanished.
+        """
+        processes = self.result.processes
+        for client in self.result.clients.values():
+            while True:
+                pid = naming_pid(client.pids, processes)
+                info = processes.get(pid)
+                if info is None or info.cmdline is not None:
+                    break
+                full = self.reread(info)
+                if full is None:
+                    del processes[pid]
+                    self.stats.vanished += 1
+                else:
+                    processes[pid] = full
+
+    def reread(self, info: ProcessInfo) -> ProcessInfo | None:
+        """The complete record of the process ``info`` describes, or ``None`` when it is gone."""
+        opener = self.opener
+        try:
+            pid_dfd = opener(f"{self.proc_dir}/{info.pid}", _DIR_FLAGS)
+        except OSError:
+            return None
+        try:
+            if info.start_time is not None:
+                now = _stat_of(opener, pid_dfd)
+                if now is None or now[1] != info.start_time:
+                    return None
+            return _process_info(opener, pid_dfd, info.pid, info.comm, info.start_time)
+        finally:
+            os.close(pid_dfd)
 
     def check_permissions(self) -> None:
         stats = self.stats
@@ -639,8 +781,10 @@ def scan_proc(
     (default ``os.open``; tests inject failures or changes between reads).  ``compare`` finds
     descriptors sharing an open file before their fdinfo is read: ``"auto"`` uses ``kcmp`` on
     the real ``/proc`` of this PID namespace, ``"off"`` reads every DRM fdinfo, a
-    :data:`FileOrder` is used as given.  ``every_holder`` reads the naming details of every
-    process holding a client, not only of the lowest pid.
+    :data:`FileOrder` is used as given.  ``every_holder`` records every process holding a client,
+    not only the lowest pid, so that a broker (:func:`cardshare.naming.naming_pid`) does not
+    name a session's client: a short record (comm and start time) for a holder that may name
+    nothing, completed for the process that names each client.
 
     Raises ``OSError`` when ``<root>/proc`` itself cannot be listed, and
     :class:`ScanPermissionError` when more than :data:`UNREADABLE_MIN` processes, and more
@@ -681,4 +825,5 @@ def scan_proc(
     finally:
         os.close(proc_dfd)
     scanner.check_permissions()
+    scanner.complete_naming()
     return scanner.result

@@ -223,10 +223,12 @@ def read_cards(root: str) -> dict[str, CardInfo]:
 def name_processes(
     scan: ProcScan, rules: tuple[CommandRule, ...], resolver: Resolver | None
 ) -> dict[int, str]:
-    """The display name of every process holding a DRM client."""
+    """The display name of every process that may name a DRM client (those whose command
+    line the scan read: it reads it for each client's naming process)."""
     return {
         pid: client_name(proc.container, proc.comm, proc.cmdline, rules, resolver)
         for pid, proc in scan.processes.items()
+        if proc.cmdline is not None
     }
 
 

@@ -49,6 +49,10 @@ def test_parse_size(text: str, expected: int) -> None:
         ("12 kB", "unknown size unit 'kB' in '12 kB'"),
         ("3 TiB", "unknown size unit 'TiB' in '3 TiB'"),
         ("1 KiB 2", "not a size: '1 KiB 2'"),
+        # what int() would take and the kernel never prints
+        ("\u0661\u0662", "not a size: '\u0661\u0662'"),
+        ("1_000", "not a size: '1_000'"),
+        ("+5 KiB", "not a size: '+5 KiB'"),
     ],
 )
 def test_parse_size_rejects(text: str, message: str) -> None:
@@ -64,10 +68,11 @@ def test_parse_uint(text: str, expected: int) -> None:
     assert parse_uint(text) == expected
 
 
-def test_parse_uint_rejects() -> None:
+@pytest.mark.parametrize("text", ["12 ms", "\u0661\u0662", "1_000", "+3", "0x10", ""])
+def test_parse_uint_rejects(text: str) -> None:
     with pytest.raises(ValueError) as info:
-        parse_uint("12 ms")
-    assert str(info.value) == "not an unsigned integer: '12 ms'"
+        parse_uint(text)
+    assert str(info.value) == f"not an unsigned integer: {text!r}"
 
 
 def kernel_format(n: int) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cardshare.naming import naming_pid
 from cardshare.procscan import parse_stat, scan_proc
 
 VLLM_BOX = "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"
@@ -135,3 +136,71 @@ def test_every_holder_reads_each_holding_process(
         100: ("python3", 5100),
         101: ("worker", 5101),
     }
+
+
+LOGIND_CG = "0::/system.slice/systemd-logind.service\n"
+SESSION_CG = "0::/user.slice/user-1000.slice/session-2.scope\n"
+
+
+def test_holders_that_name_nothing_keep_a_short_record(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """Every holder is recorded (comm, start time) for naming_pid; only the naming process's
+    cgroup and command line are read."""
+    for pid, comm in ((100, "python3"), (101, "worker")):
+        _with_stat(rec_tree, pid, comm, 5000 + pid, VLLM_BOX)
+        rec_tree.drm_fd(pid, 3, rec_make_fdinfo(3))
+    scan = scan_proc(str(rec_tree.root), rec_tree.is_drm, every_holder=True)
+    named, short = scan.processes[100], scan.processes[101]
+    assert (named.cmdline, named.container is not None) == ("python3", True)
+    assert (short.comm, short.start_time, short.cmdline, short.container, short.cgroup) == (
+        "worker",
+        5101,
+        None,
+        None,
+        "",
+    )
+
+
+def test_a_broker_by_its_unit_found_when_its_short_record_is_completed(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """pid 812 (a logind helper by comm ``sd-helper``) is a broker only by its unit; pid 900
+    shares that unit with an ordinary comm, so its short record looks like a candidate until
+    it is completed; the session's shell (pid 2301) names the client, as with full records."""
+    _with_stat(rec_tree, 812, "sd-helper", 100, LOGIND_CG)
+    _with_stat(rec_tree, 900, "sd-worker", 200, LOGIND_CG)
+    _with_stat(rec_tree, 2301, "gnome-shell", 300, SESSION_CG)
+    for pid in (812, 900, 2301):
+        rec_tree.drm_fd(pid, 5, rec_make_fdinfo(7))
+    scan = scan_proc(str(rec_tree.root), rec_tree.is_drm, every_holder=True)
+    assert naming_pid(scan.clients[("0000:03:00.0", 7)].pids, scan.processes) == 2301
+    assert scan.processes[2301].cmdline == "gnome-shell"
+    assert scan.processes[2301].cgroup == "/user.slice/user-1000.slice/session-2.scope"
+    assert scan.processes[900].cgroup == "/system.slice/systemd-logind.service"  # completed
+    assert scan.stats.vanished == 0
+
+
+def test_a_naming_process_replaced_before_its_record_is_completed_is_dropped(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """systemd-logind (pid 812) and a shell (pid 2301) hold one client; the shell names it,
+    but its pid is reused before its record is completed: the newcomer's command line is not
+    taken, the record is dropped (counted as vanished), and logind's is the one left."""
+    _with_stat(rec_tree, 812, "systemd-logind", 100, LOGIND_CG)
+    shell = _with_stat(rec_tree, 2301, "gnome-shell", 300, SESSION_CG)
+    for pid in (812, 2301):
+        rec_tree.drm_fd(pid, 5, rec_make_fdinfo(7))
+
+    def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if dir_fd is None and path == str(shell):  # the pid opened again to complete it
+            (shell / "stat").write_text(_stat_line(2301, "sshd", 9000))
+            (shell / "cmdline").write_bytes(b"sshd: root\0")
+        return os.open(path, flags, mode, dir_fd=dir_fd)
+
+    scan = scan_proc(str(rec_tree.root), rec_tree.is_drm, opener=opener, every_holder=True)
+    client = scan.clients[("0000:03:00.0", 7)]
+    assert sorted(client.pids) == [812, 2301]
+    assert sorted(scan.processes) == [812]
+    assert scan.stats.vanished == 1
+    assert naming_pid(client.pids, scan.processes) == 812
