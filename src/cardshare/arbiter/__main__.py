@@ -75,7 +75,11 @@ async def serve(config: Config, token: str) -> int:
             ),
             llm=HttpLlm(session, config),
             comfy=HttpComfy(session, config),
-            card=RecorderFileSource(config.card_current_json, config.card_scan_argv),
+            card=RecorderFileSource(
+                config.card_current_json,
+                config.card_scan_argv,
+                recorder_path=config.recorder_current_json,
+            ),
             proxy=HttpProxy(session, config.proxy_url, config.http_timeout_seconds)
             if config.proxy_url
             else None,

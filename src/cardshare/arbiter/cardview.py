@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger("cardshare.arbiter")
 
 # A client whose engine busy share is above this counts as working on the card.
 BUSY_THRESHOLD = 0.0
@@ -113,6 +116,19 @@ def parse_card_view(doc: Any) -> CardView:
     )
 
 
+def _load_view(path: Path) -> CardView:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CardDataError(f"cannot read card data {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise CardDataError(f"card data {path} is not UTF-8: {exc}") from exc
+    try:
+        return parse_card_view(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise CardDataError(f"card data {path} is not JSON: {exc}") from exc
+
+
 class CardSource(Protocol):
     async def read(self, newer_than: float | None = None) -> CardView:
         """The card view. With ``newer_than``, data scanned before that time triggers a
@@ -121,27 +137,42 @@ class CardSource(Protocol):
 
 
 class RecorderFileSource:
-    """Reads the recorder's ``current.json``; runs ``scan_argv`` for a fresh scan on demand."""
+    """Reads the ``current.json`` of the arbiter's scans (``path``; ``scan_argv`` writes it
+    on demand) and, when given, the recorder's own (``recorder_path``, its timer's scans):
+    the newer of the two is the card, so an idle arbiter shows the recorder's data without a
+    scan of its own.  A recorder file that cannot be read is passed over."""
 
     def __init__(
         self,
         path: Path,
         scan_argv: Sequence[str],
         scan_timeout: float = 60.0,
+        recorder_path: Path | None = None,
     ) -> None:
         self.path = path
         self.scan_argv = tuple(scan_argv)
         self.scan_timeout = scan_timeout
+        self.recorder_path = recorder_path
 
     def _load(self) -> CardView:
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise CardDataError(f"cannot read card data {self.path}: {exc.strerror}") from exc
-        try:
-            return parse_card_view(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise CardDataError(f"card data {self.path} is not JSON: {exc}") from exc
+            own: CardView | None = _load_view(self.path)
+        except CardDataError:
+            if self.recorder_path is None:
+                raise
+            own = None
+        if self.recorder_path is not None:
+            try:
+                other = _load_view(self.recorder_path)
+            except CardDataError as exc:
+                if own is None:
+                    raise
+                log.debug("the recorder's card data passed over: %s", exc)
+            else:
+                if own is None or other.scanned_at > own.scanned_at:
+                    return other
+        assert own is not None
+        return own
 
     async def scan(self) -> None:
         if not self.scan_argv:

@@ -84,6 +84,9 @@ class Config:
     prewarm_paths: tuple[str, ...] = ()
     # the recorder's history directory (the status page's charts); None: no history
     history_dir: Path | None = None
+    # the recorder's own current.json (its timer's scans), read beside card_current_json
+    # (the arbiter's scans): the newer of the two is the card; None: the arbiter's only
+    recorder_current_json: Path | None = None
     # clients whose busy video engines are transcodes (the status page's hours per day)
     transcode_client_names: tuple[str, ...] = ()
     prewarm_margin_bytes: int = 4 * 1024**3
@@ -209,6 +212,7 @@ _KNOWN = (
         "prewarm_paths",
         "prewarm_margin_bytes",
         "history_dir",
+        "recorder_current_json",
         "transcode_client_names",
         "handback_on_waiting_agent",
         "listen_host",
@@ -378,6 +382,15 @@ def parse_config(raw: Any) -> Config:
                 "history_dir", history, "set it to the recorder's history directory (absolute)"
             )
         kwargs["history_dir"] = Path(history)
+    recorder_json = raw.get("recorder_current_json")
+    if recorder_json is not None:
+        if not isinstance(recorder_json, str) or not recorder_json.startswith("/"):
+            raise _err(
+                "recorder_current_json",
+                recorder_json,
+                "set it to the recorder's current.json (absolute), or leave it out",
+            )
+        kwargs["recorder_current_json"] = Path(recorder_json)
     for path in kwargs["prewarm_paths"]:
         if not path.startswith("/"):
             raise _err("prewarm_paths", list(kwargs["prewarm_paths"]), "give absolute paths")

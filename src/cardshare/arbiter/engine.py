@@ -218,8 +218,10 @@ class Engine:
         # start), and ComfyUI's largest VRAM seen during the job in hand
         self.comfy_signature: str | None = None
         self.job_peak = 0
+        self.job_peak_since = 0.0  # when the running prompt was submitted (its samples after)
         # yielding tenants that acknowledged a pause: name -> the end of the lease
         self.paused: dict[str, float] = {}
+        self.yield_acked_at = 0.0  # when a yielding tenant last acknowledged a pause
         # vLLM's weights read ahead while the last image job runs
         self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
         self.prewarm_report = PrewarmReport()
@@ -612,7 +614,7 @@ class Engine:
         card_error: str | None = None
         if queue_length > 0:
             try:
-                card = await self._card_view(now - self.config.card_data_max_age_seconds)
+                card = await self._card_view(self._card_floor(now))
             except CardDataError as exc:
                 card_error = str(exc)
                 self._alert(Alert.CARD_DATA, card_error)
@@ -649,6 +651,21 @@ class Engine:
             paused=frozenset(n for n, until in self.paused.items() if until > now),
         )
 
+    def _card_floor(self, now: float) -> float:
+        """The oldest scan a swap may be weighed on: ``card_data_max_age_seconds`` old, but
+        after the last pause a yielding tenant acknowledged, and a poll old while a paused
+        tenant still shows memory (its release is awaited, as a stop's is)."""
+        floor = now - self.config.card_data_max_age_seconds
+        paused = {name for name, until in self.paused.items() if until > now}
+        if paused:
+            floor = max(floor, self.yield_acked_at)
+            view = self.last_card
+            if view is not None and any(
+                c.name in paused and c.vram_bytes > 0 for c in view.clients
+            ):
+                floor = max(floor, now - self.config.poll_interval_seconds)
+        return floor
+
     def _next_job_peak(self) -> int | None:
         job = self.store.next_job()
         if job is None:
@@ -658,6 +675,7 @@ class Engine:
     # -- phase actions -----------------------------------------------------------------------
 
     async def _serve_llm(self) -> Result | None:
+        began = self.clock.now()
         obs = await self.observe_for_swap()
         if obs.metrics_error is not None:
             # vLLM does not answer: exited (or killed) while serving? then start it again
@@ -670,6 +688,9 @@ class Engine:
             self._clear(Alert.LLM_RELEASE_TIMEOUT)
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
+            obs = await self._confirm_card(obs, began)
+            self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
+        if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
         if obs.queue_length > 0 and self._only_yielding_in_the_way(obs):
             await self._pause_yielding("a swap to image: jobs are queued")
@@ -681,6 +702,23 @@ class Engine:
                 return restore
         await self._idle_wait()
         return None
+
+    async def _confirm_card(self, obs: SwapObservations, since: float) -> SwapObservations:
+        """The card as it is now, before the whole card is taken.
+
+        The data a swap is weighed on may be up to ``card_data_max_age_seconds`` old (each
+        scan wakes the card, so polls do not scan), and a client that arrived since (a Plex
+        transcode) is not in it.  Data scanned before this evaluation began is scanned again;
+        a failed scan leaves the card unknown, which keeps the swap from going.
+        """
+        if obs.card is None or obs.card.scanned_at >= since:
+            return obs
+        try:
+            card = await self._card_view(since)
+        except CardDataError as exc:
+            self._alert(Alert.CARD_DATA, str(exc))
+            return dataclasses.replace(obs, card=None, card_error=str(exc))
+        return dataclasses.replace(obs, card=card)
 
     def _only_yielding_in_the_way(self, obs: SwapObservations) -> bool:
         """Would the swap go if the yielding tenants stepped aside?"""
@@ -719,6 +757,7 @@ class Engine:
                 self.paused.pop(tenant.name, None)
                 continue
             self.paused[tenant.name] = self.clock.now() + lease
+            self.yield_acked_at = self.clock.now()
             log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
 
     async def _resume_yielding(self) -> None:
@@ -775,13 +814,17 @@ class Engine:
         return Result(Outcome.OK, f"{role} container started")
 
     async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
-        """Until the named clients hold no VRAM in card data scanned after this phase began."""
+        """Until the named clients hold no VRAM in card data scanned after this phase began.
+
+        Each look asks for data scanned at that look (the arbiter's card data changes only
+        by its own scans): memory that lingers past one scan is seen released at a later one.
+        """
         since = self.state.phase_since
         deadline = self.clock.now() + timeout
         last = "no card data yet"
         while True:
             try:
-                view = await self._waiting(self._card_view(since))
+                view = await self._waiting(self._card_view(max(since, self.clock.now())))
                 if view.scanned_at >= since and released(view, names):
                     self._clear(alert)
                     return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
@@ -1270,6 +1313,7 @@ class Engine:
                 assert job.prompt_id is not None
                 await self._reclaim_for(job)
                 self.job_peak = 0
+                self.job_peak_since = self.clock.now()
                 try:
                     workflow = await self._prepare(job)
                     got = await self.comfy.submit(workflow, job.prompt_id)
@@ -1477,10 +1521,13 @@ class Engine:
         self.job_peak = 0
 
     async def _sample_job_peak(self) -> None:
-        """ComfyUI's VRAM in the recorder's latest data (no scan of its own: each wakes the
-        card), kept as the job's peak."""
+        """ComfyUI's VRAM while a job runs, kept as the job's peak: card data scanned since
+        the prompt was submitted and at most a poll old (the arbiter's card data changes only
+        by its own scans; the card is awake with the job, so a scan wakes nothing)."""
         try:
-            view = await self._card_view(None)
+            view = await self._card_view(
+                max(self.job_peak_since, self.clock.now() - self.config.poll_interval_seconds)
+            )
         except CardDataError:
             return
         self.job_peak = max(self.job_peak, view.vram_of(self.config.image_names))

@@ -71,6 +71,7 @@ class World:
     calls: list[str] = field(default_factory=list)
     others: list[CardClient] = field(default_factory=list)
     llm_vram_lingers: bool = False  # vLLM's memory never leaves the card
+    llm_release_seconds: float = 0.0  # vLLM's memory leaves the card this long after its exit
     llm_never_ready: bool = False
     llm_fails_start: str | None = None  # log text of a vLLM that exits at start
     # vLLM's /metrics
@@ -245,14 +246,52 @@ class FakeContainers:
 
 
 class FakeCard:
-    def __init__(self, world: World) -> None:
+    """The card data as RecorderFileSource gives it: the newer of the arbiter's last scan and
+    the recorder's (its timer scans every ``recorder_every`` seconds; None: no recorder
+    file); the arbiter scans only when the newer is older than ``newer_than`` (or there is
+    none), so a client that arrived since the last scan is not seen until the next one.  A
+    scan is stamped when it starts, as the recorder stamps it; the arbiter's takes
+    ``SCAN_SECONDS``."""
+
+    SCAN_SECONDS = 0.0625  # a binary fraction: times stay exact through Docker's time format
+
+    def __init__(self, world: World, recorder_every: float | None = 60.0) -> None:
         self.w = world
+        self.recorder_every = recorder_every
         self.reads = 0
+        self.scans = 0
+        self.view: CardView | None = None
+        self.recorder_view: CardView | None = None
 
     async def read(self, newer_than: float | None = None) -> CardView:
         self.reads += 1
+        now = self.w.clock.now()
+        every = self.recorder_every
+        if every is not None and (
+            self.recorder_view is None or now - self.recorder_view.scanned_at >= every
+        ):
+            self.recorder_view = self.look()
+        views = [v for v in (self.view, self.recorder_view) if v is not None]
+        newest = max(views, key=lambda v: v.scanned_at) if views else None
+        if newest is None or (newer_than is not None and newest.scanned_at < newer_than):
+            newest = self.view = self.scan()
+            self.scans += 1
+        return newest
+
+    def scan(self) -> CardView:
+        view = self.look()
+        if isinstance(self.w.clock, FakeClock):
+            self.w.clock.t += self.SCAN_SECONDS
+        return view
+
+    def look(self) -> CardView:
         clients = list(self.w.others)
-        if self.w.llm.running or self.w.llm_vram_lingers:
+        llm = self.w.llm
+        if (
+            llm.running
+            or self.w.llm_vram_lingers
+            or self.w.clock.now() < llm.finished + self.w.llm_release_seconds
+        ):
             clients.append(CardClient(f"vllm/{self.w.llm_service}", self.w.llm_vram(), ("ccs",)))
         if self.w.image.running:
             clients.append(CardClient("comfyui/comfyui", self.w.comfy_now(), ()))

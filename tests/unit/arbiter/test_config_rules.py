@@ -48,6 +48,9 @@ def test_config_defaults() -> None:
     assert config.llm_names == ("vllm/vllm",)
     assert config.max_payload_bytes == 32 * 2**20
     assert config.handback_on_waiting_agent is True
+    assert config.recorder_current_json is None
+    read = parse_config({**BASE, "recorder_current_json": "/srv/cardshare-recorder/current.json"})
+    assert read.recorder_current_json == Path("/srv/cardshare-recorder/current.json")
 
 
 @pytest.mark.parametrize(
@@ -96,6 +99,11 @@ def test_config_defaults() -> None:
         (
             {"handback_on_waiting_agent": "yes"},
             "config key 'handback_on_waiting_agent' has value 'yes': use true or false",
+        ),
+        (
+            {"recorder_current_json": "recorder/current.json"},
+            "config key 'recorder_current_json' has value 'recorder/current.json': "
+            "set it to the recorder's current.json (absolute), or leave it out",
         ),
         (
             {"idle_secs": 60},

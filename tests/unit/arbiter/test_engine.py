@@ -289,6 +289,41 @@ async def test_memory_never_released_goes_back_to_llm(tmp_path: Path) -> None:
     assert "start image" not in world.calls
 
 
+async def test_memory_released_after_the_first_look_is_seen_at_a_later_one(
+    tmp_path: Path,
+) -> None:
+    """vLLM's memory lingers past the first scan after its stop: each look of the wait
+    scans again, so the release is seen within a poll, not at the timeout."""
+    world = World(FakeClock())
+    world.llm_release_seconds = 3.0
+    engine = make_engine(tmp_path, world, idle_seconds=1.0, llm_release_timeout_seconds=30.0)
+    submit(engine)
+    await run_until(engine, lambda e: e.state.phase is Phase.WAIT_LLM_RELEASE)
+    began = world.clock.now()
+    await run_until(engine, lambda e: e.state.phase is not Phase.WAIT_LLM_RELEASE)
+    assert engine.state.phase is Phase.START_IMAGE
+    assert world.clock.now() - began < 3.0 + 2 * engine.config.poll_interval_seconds
+    assert "llm_release_timeout" not in engine.alerts
+
+
+async def test_a_client_that_came_after_the_last_scan_vetoes_the_swap(tmp_path: Path) -> None:
+    """A Plex transcode starts after the arbiter's last scan, which is still young enough
+    to weigh a swap on: the swap is confirmed on a scan of its own, which shows Plex."""
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world, idle_seconds=5.0, card_data_max_age_seconds=120.0)
+    submit(engine)
+    await engine.step()  # queued, vLLM not idle long enough yet: the card scanned now
+    assert engine.last_card is not None and engine.last_card.others(("vllm/vllm",)) == ()
+    world.others.append(CardClient("plex/plex", 2 * 2**30, ("vcs",)))
+    for _ in range(20):
+        await engine.step()
+    assert "stop llm" not in world.calls
+    assert engine.state.phase is Phase.SERVE_LLM
+    assert any("plex/plex" in r for r in engine.last_decision.reasons), engine.last_decision
+    world.others.clear()
+    await run_until(engine, lambda e: e.mode is Mode.IMAGE)
+
+
 async def test_swap_timings_split_waited_and_own(tmp_path: Path) -> None:
     world = World(FakeClock())
     engine = make_engine(tmp_path, world, idle_seconds=1.0)

@@ -163,7 +163,7 @@ async def test_randomized_1000_jobs_with_kills_and_crashes(tmp_path: Path) -> No
     assert counts["done"] == 1000, counts
     assert world.duplicates() == {}
     assert sum(world.executions.values()) == 1000
-    assert kills > 100 and crashes > 20, (kills, crashes)
+    assert kills > 100 and crashes >= 20, (kills, crashes)
 
 
 # -- supervision -------------------------------------------------------------------------------
@@ -545,17 +545,20 @@ async def test_a_hold_survives_a_restart_and_resume_leaves_the_probe_alone(
 
 
 async def test_the_card_view_stays_fresh_while_idle(tmp_path: Path) -> None:
-    """No jobs, no swap: the status still shows who is on the card (from the recorder's file,
-    without a fresh scan that would wake it)."""
+    """No jobs, no swap: the status still shows who is on the card, from the recorder's file
+    (its timer scans each minute), without a scan of the arbiter's that would wake it."""
     world = World(FakeClock())
     engine = make_engine(tmp_path, world)
     await engine.step()
     assert engine.last_card is not None
     assert [c.name for c in engine.last_card.clients] == ["vllm/vllm"]
     first = engine.last_card.scanned_at
-    world.clock.t += 30
+    world.others.append(CardClient("plex/plex", 2**30, ("vcs",)))
+    world.clock.t += 61
     await engine.step()
     assert engine.last_card.scanned_at > first
+    assert "plex/plex" in [c.name for c in engine.last_card.clients]
+    assert engine.card.scans == 0  # type: ignore[attr-defined]
 
 
 # -- found by the real-process fault suite (tests/faults) -------------------------------------

@@ -187,6 +187,8 @@ async def running_arbiter(
         proxy_url=urls[2],
         idle_seconds=0.2,
         poll_interval_seconds=0.02,
+        # the card data as stale as the arbiter allows, short as in the lab
+        card_data_max_age_seconds=0.5,
         max_payload_bytes=4096,
     )
     session = aiohttp.ClientSession()
@@ -379,6 +381,33 @@ async def test_recorder_file_source_runs_fresh_scan(tmp_path: Path) -> None:
 
     with pytest.raises(CardDataError, match=r"^fresh scan .* exited 1: no root$"):
         await failing.read(newer_than=10_000.0)
+
+
+async def test_recorder_file_source_takes_the_newer_of_its_scans_and_the_recorders(
+    tmp_path: Path,
+) -> None:
+    """The arbiter's card data changes only by its own scans; the recorder's timer keeps its
+    own file fresh: the newer of the two is the card, and a broken recorder file is passed
+    over (the arbiter's scans decide)."""
+    from cardshare.arbiter.cardview import CardDataError
+
+    own = tmp_path / "arbiter" / "current.json"
+    recorder = tmp_path / "recorder" / "current.json"
+    recorder.parent.mkdir()
+    recorder.write_text(json.dumps({"timestamp_unix": 200.0, "clients": []}))
+    source = RecorderFileSource(own, [], recorder_path=recorder)
+    assert (await source.read()).scanned_at == 200.0  # no scan of the arbiter's yet
+    own.parent.mkdir()
+    own.write_text(json.dumps({"timestamp_unix": 150.0, "clients": []}))
+    assert (await source.read()).scanned_at == 200.0
+    recorder.write_text(json.dumps({"timestamp_unix": 100.0, "clients": []}))
+    assert (await source.read()).scanned_at == 150.0
+    for broken in ("{", "\udcff", json.dumps({"clients": []})):
+        recorder.write_text(broken, errors="surrogateescape")
+        assert (await source.read()).scanned_at == 150.0
+    own.unlink()
+    with pytest.raises(CardDataError, match=r"no scan time"):
+        await source.read()
 
 
 # -- issue: the smaller items, through real HTTP ---------------------------------------------------
