@@ -654,14 +654,19 @@ class Engine:
     def _card_floor(self, now: float) -> float:
         """The oldest scan a swap may be weighed on: ``card_data_max_age_seconds`` old, but
         after the last pause a yielding tenant acknowledged, and a poll old while a paused
-        tenant still shows memory (its release is awaited, as a stop's is)."""
+        tenant still shows memory (its release is awaited, as a stop's is, for at most
+        ``llm_release_timeout_seconds`` after the acknowledgement: a tenant that keeps its
+        memory longer is looked at again only as the data ages)."""
         floor = now - self.config.card_data_max_age_seconds
         paused = {name for name, until in self.paused.items() if until > now}
         if paused:
             floor = max(floor, self.yield_acked_at)
             view = self.last_card
-            if view is not None and any(
-                c.name in paused and c.vram_bytes > 0 for c in view.clients
+            awaited = now - self.yield_acked_at < self.config.llm_release_timeout_seconds
+            if (
+                awaited
+                and view is not None
+                and any(c.name in paused and c.vram_bytes > 0 for c in view.clients)
             ):
                 floor = max(floor, now - self.config.poll_interval_seconds)
         return floor
@@ -756,8 +761,9 @@ class Engine:
                 log.warning("yielding tenant %s did not ack a pause: %s", tenant.name, exc)
                 self.paused.pop(tenant.name, None)
                 continue
+            if until is None or until <= now:  # a new pause, not a renewal: await its release
+                self.yield_acked_at = self.clock.now()
             self.paused[tenant.name] = self.clock.now() + lease
-            self.yield_acked_at = self.clock.now()
             log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
 
     async def _resume_yielding(self) -> None:

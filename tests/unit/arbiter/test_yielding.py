@@ -6,6 +6,7 @@ answers garbage, an error status, or hangs past the bound."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,68 @@ async def test_a_tenant_that_does_not_ack_holds_the_swap(tmp_path: Path) -> None
     # it acks at last: the swap goes
     tenant.acks = True
     await run_until(engine, lambda e: e.mode is Mode.IMAGE)
+
+
+class SlowTenant(FakeTenant):
+    """Acknowledges a pause at once; its memory leaves the card ``release_after`` seconds
+    later (``None``: never)."""
+
+    def __init__(self, world: World, release_after: float | None) -> None:
+        super().__init__(world)
+        self.release_after = release_after
+        self.acked_at: float | None = None
+
+    async def pause(self, name: str, seconds: float, reason: str) -> int:
+        self.calls.append(f"pause {name} {seconds:g}")
+        self.acked_at = self.world.clock.now()
+        return GIB
+
+    def tick(self) -> None:
+        after, acked = self.release_after, self.acked_at
+        if after is not None and acked is not None and self.world.clock.now() >= acked + after:
+            self.world.others[:] = [c for c in self.world.others if c.name != NAME]
+            self.world.others.append(CardClient(NAME, 0, ()))
+
+
+async def test_a_paused_tenants_release_is_seen_within_a_poll(tmp_path: Path) -> None:
+    """Its memory leaves 4 s after the ack: the card is scanned at each poll meanwhile, so
+    the swap goes then, not when the data would age past card_data_max_age_seconds."""
+    world = World(FakeClock())
+    tenant = SlowTenant(world, release_after=4.0)
+    engine = engine_with(tmp_path, world, tenant)
+    engine.config = dataclasses.replace(engine.config, card_data_max_age_seconds=120.0)
+    engine.submit_job(WORKFLOW, {"in.png": PNG})
+    for _ in range(200):
+        tenant.tick()
+        if engine.mode is Mode.IMAGE or engine.state.phase.value != "serve_llm":
+            break
+        await engine.step()
+    assert tenant.acked_at is not None
+    assert engine.state.phase.value != "serve_llm", engine.last_decision
+    waited = world.clock.now() - tenant.acked_at
+    assert 4.0 <= waited < 4.0 + 3 * engine.config.poll_interval_seconds, waited
+
+
+async def test_a_tenant_that_keeps_its_memory_is_not_scanned_at_every_poll(
+    tmp_path: Path,
+) -> None:
+    """Acknowledged but never released: scans at each poll only for the release timeout
+    after the ack, then as the data ages; the swap stays held."""
+    world = World(FakeClock())
+    tenant = SlowTenant(world, release_after=None)
+    engine = engine_with(tmp_path, world, tenant)
+    engine.config = dataclasses.replace(engine.config, card_data_max_age_seconds=120.0)
+    engine.submit_job(WORKFLOW, {"in.png": PNG})
+    await run_until(engine, lambda e: tenant.acked_at is not None)
+    scans = engine.card.scans
+    start = world.clock.now()
+    while world.clock.now() - start < 110.0:
+        await engine.step()
+    assert engine.mode is Mode.LLM
+    timeout = engine.config.llm_release_timeout_seconds
+    polls = timeout / engine.config.poll_interval_seconds
+    assert engine.card.scans - scans <= polls + 2, (engine.card.scans - scans, polls)
+    assert any("paused, its memory not released yet" in r for r in engine.last_decision.reasons)
 
 
 async def test_no_pause_when_nothing_waits_for_the_card(tmp_path: Path) -> None:
