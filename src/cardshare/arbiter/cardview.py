@@ -155,24 +155,20 @@ class RecorderFileSource:
         self.recorder_path = recorder_path
 
     def _load(self) -> CardView:
-        try:
-            own: CardView | None = _load_view(self.path)
-        except CardDataError:
-            if self.recorder_path is None:
-                raise
-            own = None
-        if self.recorder_path is not None:
+        views: list[CardView] = []
+        errors: list[CardDataError] = []
+        for path in (self.path, self.recorder_path):
+            if path is None:
+                continue
             try:
-                other = _load_view(self.recorder_path)
+                views.append(_load_view(path))
             except CardDataError as exc:
-                if own is None:
-                    raise
-                log.debug("the recorder's card data passed over: %s", exc)
-            else:
-                if own is None or other.scanned_at > own.scanned_at:
-                    return other
-        assert own is not None
-        return own
+                errors.append(exc)
+        if not views:
+            raise errors[-1]  # the recorder's, when the arbiter has not scanned yet
+        for error in errors:
+            log.debug("card data passed over: %s", error)
+        return max(views, key=lambda view: view.scanned_at)  # a tie: the arbiter's own
 
     async def scan(self) -> None:
         if not self.scan_argv:

@@ -830,7 +830,7 @@ class Engine:
         last = "no card data yet"
         while True:
             try:
-                view = await self._waiting(self._card_view(max(since, self.clock.now())))
+                view = await self._waiting(self._card_view(self.clock.now()))
                 if view.scanned_at >= since and released(view, names):
                     self._clear(alert)
                     return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
