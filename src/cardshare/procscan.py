@@ -8,13 +8,17 @@ inherited by other processes repeat it and are counted once (their pids are coll
 One process, one directory: ``<root>/proc/<pid>`` is opened once (``O_DIRECTORY``) and its
 ``fd/``, ``fdinfo/``, ``stat``, ``comm``, ``cmdline``, ``cgroup`` and ``ns/mnt`` are read
 relative to that descriptor, so a pid that exits and is reused mid-scan cannot lend its
-name to another process's client.  The start time (field 22 of ``stat``) is read before the
-first DRM read of a process and again after its last read; a record whose start time
-changed is dropped (:attr:`ScanStats.reused`).  Trees without ``stat`` (the lab's simulated
-``/proc``) have no start time and skip that check.  A process holding only clients that a
-lower pid already named keeps a short record (comm, start time); after the walk, the record
-of each client's naming process is completed through ``<root>/proc/<pid>`` opened again,
-used only if its start time is the one recorded.
+name to another process's client: procfs ties the directory to the process, not to its
+number, and once that process is gone every read through it fails (``ESRCH``, or ``ENOENT``
+on a lookup), whoever has the pid by then.  So the reads of one process
+need no second look at its start time: a record whose process exits before its cgroup and
+command line are read is dropped (counted in :attr:`ScanStats.vanished`) rather than kept
+partial.  The start time (field 22 of ``stat``) is read once and kept with the record, for
+the reads made later by pid: a process holding only clients that a lower pid already named
+keeps a short record (comm, start time); after the walk, the record of each client's naming
+process is completed through ``<root>/proc/<pid>`` opened again, used only if its start time
+is the one recorded.  Trees without ``stat`` (the lab's simulated ``/proc``) have no start
+time and skip those checks; there a missing file is read as empty.
 
 Each open file read once: before a DRM descriptor's fdinfo is read it is compared with the
 open files already read (``kcmp(pid1, pid2, KCMP_FILE, fd1, fd2)``, through ``ctypes``);
@@ -233,7 +237,7 @@ class ScanStats:
     not_clients: int = 0  # DRM descriptors whose fdinfo has no drm-driver/drm-client-id
     malformed_lines: int = 0
     unreadable_processes: int = 0  # processes whose fd directory refused us (EACCES/EPERM)
-    reused: int = 0  # processes dropped: start time changed (pid reused) while being read
+    reused: int = 0  # processes dropped: a holder of an open file they share is gone (kcmp)
     fdinfo_reads: int = 0  # DRM fdinfo files read
     fdinfo_reads_saved: int = 0  # DRM descriptors sharing an open file already read
 
@@ -279,15 +283,31 @@ def _read_at(opener: Opener, name: str, dir_fd: int | None) -> bytes:
         os.close(fd)
 
 
-def _text_at(opener: Opener, name: str, dir_fd: int) -> str:
+# What procfs answers for a process that is gone: ENOENT from a lookup by pid or of a file it
+# no longer has, ESRCH through its directory (the permission check finds no task) or from a
+# file opened before it exited.
+_GONE = (FileNotFoundError, ProcessLookupError)
+
+
+class _ProcessGone(Exception):
+    """A read through a process's directory failed because the process is gone."""
+
+
+def _text_at(opener: Opener, name: str, dir_fd: int, gone_if_missing: bool = False) -> str:
+    """The text of a file of a process; ``""`` when it cannot be read.
+
+    ``gone_if_missing`` (a process whose ``stat`` was read, as on every real ``/proc``): a file
+    that is not there means the process is gone (raises :class:`_ProcessGone`), not that the
+    tree lacks it.
+    """
     try:
         return _read_at(opener, name, dir_fd).decode("utf-8", "replace")
+    except _GONE:
+        if gone_if_missing:
+            raise _ProcessGone(name) from None
+        return ""
     except OSError:
         return ""
-
-
-def _cmdline_at(opener: Opener, pid_dfd: int) -> str:
-    return _text_at(opener, "cmdline", pid_dfd).replace("\0", " ").strip()
 
 
 def _process_info(
@@ -302,17 +322,23 @@ def _process_info(
 
     Not ``complete``: the record of a holder that may name no client, which naming_pid
     reads by comm and cgroup only; the cgroup is read only for a broker's comm (a broker by
-    its unit is found when the record is completed, see complete_naming).
+    its unit is found when the record is completed, see complete_naming).  Raises
+    :class:`_ProcessGone` when the process exits while its record is read (known by its start
+    time, so only where the tree has ``stat``): a partial record would name it wrongly.
     """
+    gone_if_missing = start_time is not None
     if comm is None:
         comm = _text_at(opener, "comm", pid_dfd).rstrip("\n")
     if not complete and comm not in BROKER_COMMS:
         return ProcessInfo(pid=pid, comm=comm, cmdline=None, container=None, start_time=start_time)
-    container, placed = _cgroup_facts(_text_at(opener, "cgroup", pid_dfd))
+    container, placed = _cgroup_facts(_text_at(opener, "cgroup", pid_dfd, gone_if_missing))
+    cmdline = None
+    if complete:
+        cmdline = _text_at(opener, "cmdline", pid_dfd, gone_if_missing).replace("\0", " ").strip()
     return ProcessInfo(
         pid=pid,
         comm=comm,
-        cmdline=_cmdline_at(opener, pid_dfd) if complete else None,
+        cmdline=cmdline,
         container=container,
         start_time=start_time,
         cgroup=placed,
@@ -337,6 +363,8 @@ def read_process_info(proc_dir: str, pid: int, opener: Opener = os.open) -> Proc
         parsed = _stat_of(opener, pid_dfd)
         comm, start = (parsed[0], parsed[1]) if parsed is not None else (None, None)
         return _process_info(opener, pid_dfd, pid, comm, start)
+    except _ProcessGone:
+        return ProcessInfo(pid=pid, comm="", cmdline="", container=None)
     finally:
         os.close(pid_dfd)
 
@@ -403,7 +431,7 @@ class _Scanner:
         stats = self.stats
         try:
             dfd = self.opener("fd", _DIR_FLAGS, dir_fd=pid_dfd)
-        except FileNotFoundError:
+        except _GONE:
             stats.vanished += 1
             self.vanished_processes += 1
             return None
@@ -444,7 +472,7 @@ class _Scanner:
             return False
         try:
             st = os.stat(fd, dir_fd=dfd)
-        except FileNotFoundError:
+        except _GONE:
             self.stats.vanished += 1
             return False
         except OSError:
@@ -465,7 +493,7 @@ class _Scanner:
         for fd in fds:
             try:
                 targets.append(readlink(fd, dir_fd=dfd))
-            except FileNotFoundError:
+            except _GONE:
                 self.stats.vanished += 1
                 continue
             except OSError:
@@ -496,7 +524,7 @@ class _Scanner:
                     data += _read_fd(ifd)
             finally:
                 os.close(ifd)
-        except FileNotFoundError:
+        except _GONE:
             self.stats.vanished += 1
             return _SKIP
         except OSError:
@@ -657,43 +685,37 @@ class _Scanner:
         stats = self.stats
         opener = self.opener
         self.last_text = None
-        # The start time, read once the process is known to matter, and again at the end
-        # through the same open file (pread), after every other read of the process.
-        try:
-            stat_fd: int | None = opener("stat", _FILE_FLAGS, dir_fd=pid_dfd)
-        except OSError:
-            stat_fd = None  # no stat (a simulated tree), or the process is gone
-        try:
-            first = parse_stat(os.pread(stat_fd, 4096, 0)) if stat_fd is not None else None
-            comm, start = (first[0], first[1]) if first is not None else (None, None)
-            pending: dict[ClientKey, FdInfo] = {}
-            mine: list[_Rep] = []
-            others: set[tuple[int, int | None]] = set()
-            if self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
-                stats.drm_descriptors += len(drm_fds)
-                read = self.read_fdinfo
-                outcomes = [read(pid_dfd, fd, pending) for fd in drm_fds]
-            else:
-                outcomes = self.read_unshared(pid, pid_dfd, start, drm_fds, pending, mine, others)
-            keys = [o for o in outcomes if isinstance(o, tuple)]
-            info: ProcessInfo | None = None
-            if pending or (every_holder and keys):
-                # complete for a process that may name a new client; other holders are
-                # completed later if one of them turns out to name (complete_naming)
+        # The start time, read once the process is known to matter, through its directory:
+        # the pid and start time name this process in later reads by pid (complete_naming,
+        # still_there).  Reads through pid_dfd need no second look: they answer for this
+        # process or fail (module docstring).
+        first = _stat_of(opener, pid_dfd)
+        comm, start = (first[0], first[1]) if first is not None else (None, None)
+        pending: dict[ClientKey, FdInfo] = {}
+        mine: list[_Rep] = []
+        others: set[tuple[int, int | None]] = set()
+        if self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
+            stats.drm_descriptors += len(drm_fds)
+            read = self.read_fdinfo
+            outcomes = [read(pid_dfd, fd, pending) for fd in drm_fds]
+        else:
+            outcomes = self.read_unshared(pid, pid_dfd, start, drm_fds, pending, mine, others)
+        keys = [o for o in outcomes if isinstance(o, tuple)]
+        info: ProcessInfo | None = None
+        dropped = False
+        if pending or (every_holder and keys):
+            # complete for a process that may name a new client; other holders are
+            # completed later if one of them turns out to name (complete_naming)
+            try:
                 info = _process_info(opener, pid_dfd, pid, comm, start, bool(pending))
-            confirmed = not others or all(self.still_there(p, t) for p, t in others)
-            if stat_fd is not None:
-                try:
-                    last = parse_stat(os.pread(stat_fd, 4096, 0))
-                except OSError:
-                    last = None
-                confirmed = confirmed and last is not None and last[1] == start
-        finally:
-            if stat_fd is not None:
-                os.close(stat_fd)
-        if not confirmed:
-            # Another process answered some of these reads: keep nothing of them.
-            stats.reused += 1
+            except _ProcessGone:
+                stats.vanished += 1  # exited while being read: its record would be partial
+                dropped = True
+        if not dropped and others and not all(self.still_there(p, t) for p, t in others):
+            stats.reused += 1  # a holder whose open file answered for ours is not there now
+            dropped = True
+        if dropped:
+            # keep nothing of these reads
             mine_ids = {id(rep) for rep in mine}
             self.reps = [rep for rep in self.reps if id(rep) not in mine_ids]
             return
@@ -747,6 +769,8 @@ class _Scanner:
                 if now is None or now[1] != info.start_time:
                     return None
             return _process_info(opener, pid_dfd, info.pid, info.comm, info.start_time)
+        except _ProcessGone:
+            return None
         finally:
             os.close(pid_dfd)
 
@@ -811,7 +835,7 @@ def scan_proc(
             stats.processes += 1
             try:
                 pid_dfd = opener(str(pid), _DIR_FLAGS, dir_fd=proc_dfd)
-            except FileNotFoundError:
+            except _GONE:
                 stats.vanished += 1
                 scanner.vanished_processes += 1
                 continue

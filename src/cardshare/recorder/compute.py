@@ -218,13 +218,14 @@ def build_snapshot(
             },
         )
         info = client.fdinfo
-        group["vram_bytes"] += info.vram_bytes
+        vram, vram_shared = info.vram_bytes, info.vram_shared_bytes
+        group["vram_bytes"] += vram
         group["system_bytes"] += info.system_bytes
         group["gtt_bytes"] += info.gtt_bytes
-        group["vram_shared_bytes"] += info.vram_shared_bytes
+        group["vram_shared_bytes"] += vram_shared
         card_vram = card_memory.setdefault(pdev, {"private": 0, "shared": 0})
-        card_vram["private"] += info.vram_bytes - info.vram_shared_bytes
-        card_vram["shared"] = max(card_vram["shared"], info.vram_shared_bytes)
+        card_vram["private"] += vram - vram_shared
+        card_vram["shared"] = max(card_vram["shared"], vram_shared)
         for cls, ratio in ratios.items():
             group["_engines"].setdefault(cls, []).append(ratio)
         group["drm_client_ids"].append(client_id)

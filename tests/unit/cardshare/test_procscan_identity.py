@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cardshare.naming import naming_pid
-from cardshare.procscan import parse_stat, scan_proc
+from cardshare.procscan import _Scanner, parse_stat, scan_proc
 
 VLLM_BOX = "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"
 SSHD_CG = "0::/system.slice/sshd.service\n"
@@ -49,32 +50,143 @@ def test_parse_stat(text: bytes, expected: tuple[str, int] | None) -> None:
     assert parse_stat(text) == expected
 
 
-def test_start_time_change_mid_scan_drops_the_record(
+def _exiting_opener(victim: Path) -> Callable[..., int]:
+    """An opener under which the process at ``victim`` exits once its fdinfo/3 is open: on the
+    real ``/proc`` every later read through its directory fails (see the two real-process
+    tests below), which removing its files models (ENOENT)."""
+
+    def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        fd = os.open(path, flags, mode, dir_fd=dir_fd)
+        where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else ""
+        if path == "fdinfo/3" and where == str(victim):
+            for name in ("cmdline", "cgroup"):
+                (victim / name).unlink()
+        return fd
+
+    return opener
+
+
+def test_a_process_gone_mid_read_is_dropped_not_kept_partial(
     rec_tree: Any, rec_make_fdinfo: Callable[..., str]
 ) -> None:
-    """pid 100 exits and is reused by sshd while its fdinfo is being read: the stat start
-    time differs at the end, so nothing read from pid 100 is kept (not named sshd)."""
+    """pid 100 (a container's python3) exits after its fdinfo is read, before its cgroup and
+    command line are: kept, its record would have no container and be named by comm.  It
+    is dropped and counted as vanished; pid 200 is unaffected."""
     t = rec_tree
     victim = _with_stat(t, 100, "python3", 5000, VLLM_BOX)
     t.drm_fd(100, 3, rec_make_fdinfo(3))
     _with_stat(t, 200, "plex", 6000, SSHD_CG)
     t.drm_fd(200, 3, rec_make_fdinfo(4))
 
-    def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
-        fd = os.open(path, flags, mode, dir_fd=dir_fd)
-        where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else ""
-        if path == "fdinfo/3" and where == str(victim):  # the hook between two reads
-            (victim / "stat").write_text(_stat_line(100, "sshd", 7777))
-            (victim / "comm").write_text("sshd\n")
-            (victim / "cgroup").write_text(SSHD_CG)
-        return fd
-
-    scan = scan_proc(str(t.root), t.is_drm, opener=opener)
+    scan = scan_proc(str(t.root), t.is_drm, opener=_exiting_opener(victim))
 
     assert sorted(scan.clients) == [("0000:03:00.0", 4)]
     assert sorted(scan.processes) == [200]
-    assert scan.processes[200].start_time == 6000
-    assert (scan.stats.reused, scan.stats.drm_descriptors) == (1, 2)
+    assert (scan.stats.vanished, scan.stats.reused, scan.stats.drm_descriptors) == (1, 0, 2)
+
+
+def test_a_tree_without_stat_reads_a_missing_file_as_empty(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """The lab's simulated /proc has no stat: a missing file there is absent, not a sign the
+    process is gone (no start time to tell), so the record is kept with what was there."""
+    t = rec_tree
+    victim = t.process(100, comm="python3", cmdline=("python3",), cgroup=VLLM_BOX)
+    t.drm_fd(100, 3, rec_make_fdinfo(3))
+
+    scan = scan_proc(str(t.root), t.is_drm, opener=_exiting_opener(victim))
+
+    assert sorted(scan.clients) == [("0000:03:00.0", 3)]
+    proc = scan.processes[100]
+    assert (proc.comm, proc.cmdline, proc.container, proc.start_time) == ("python3", "", None, None)
+    assert scan.stats.vanished == 0
+
+
+@pytest.fixture
+def waiting_child() -> Iterator[tuple[int, Callable[[], None]]]:
+    """A real child process and a function that ends and reaps it."""
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(hold_w)
+        os.read(hold_r, 1)
+        os._exit(0)
+    os.close(hold_r)
+    done = []
+
+    def end() -> None:
+        if not done:
+            os.close(hold_w)
+            os.waitpid(pid, 0)
+            done.append(True)
+
+    try:
+        yield pid, end
+    finally:
+        end()
+
+
+def test_reads_through_a_process_directory_fail_once_it_is_gone(
+    waiting_child: tuple[int, Callable[[], None]],
+) -> None:
+    """What procscan relies on, on the real /proc: the directory opened for a process answers
+    for that process only.  Once it has exited and been reaped, a lookup through the
+    directory fails (ESRCH from its permission check on the kernels tried, ENOENT from the
+    lookup itself) and a file opened before fails with ESRCH, so a record cannot take
+    another process's cgroup or command line."""
+    pid, end = waiting_child
+    pid_dfd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stat_fd = os.open("stat", os.O_RDONLY, dir_fd=pid_dfd)
+        try:
+            before = parse_stat(os.pread(stat_fd, 4096, 0))
+            assert before is not None
+            assert os.pread(stat_fd, 4096, 0).startswith(f"{pid} (".encode())
+            end()
+            with pytest.raises(ProcessLookupError):
+                os.pread(stat_fd, 4096, 0)
+        finally:
+            os.close(stat_fd)
+        for name in ("stat", "comm", "cgroup", "cmdline"):
+            with pytest.raises((ProcessLookupError, FileNotFoundError)):
+                os.open(name, os.O_RDONLY, dir_fd=pid_dfd)
+    finally:
+        os.close(pid_dfd)
+
+
+def test_a_reused_pid_is_not_reached_through_the_old_directory(
+    waiting_child: tuple[int, Callable[[], None]],
+) -> None:
+    """The same with the pid really reused (root: ``ns_last_pid`` makes the next fork take
+    it): by path, /proc/<pid> is the newcomer; through the directory opened before, nothing."""
+    last_pid = Path("/proc/sys/kernel/ns_last_pid")
+    if os.geteuid() != 0 or not os.access(last_pid, os.W_OK):
+        pytest.skip("forcing a pid needs root (ns_last_pid); CI runs as root")
+    pid, end = waiting_child
+    pid_dfd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        end()
+        for _ in range(20):  # another fork on the host may take the pid first: try again
+            last_pid.write_text(str(pid - 1))
+            newcomer = os.fork()
+            if newcomer == 0:  # pragma: no cover - runs in the child
+                os.execv("/bin/sleep", ["sleep", "30"])
+            try:
+                if newcomer != pid:
+                    continue
+                deadline = time.monotonic() + 10
+                while b"sleep" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    assert time.monotonic() < deadline, "the newcomer never ran sleep"
+                    time.sleep(0.01)
+                with pytest.raises((ProcessLookupError, FileNotFoundError)):
+                    os.open("cmdline", os.O_RDONLY, dir_fd=pid_dfd)
+                return
+            finally:
+                os.kill(newcomer, 9)
+                os.waitpid(newcomer, 0)
+        pytest.skip("the pid was taken by another process each time")
+    finally:
+        os.close(pid_dfd)
 
 
 def test_start_time_kept_with_the_record(
@@ -204,3 +316,22 @@ def test_a_naming_process_replaced_before_its_record_is_completed_is_dropped(
     assert sorted(scan.processes) == [812]
     assert scan.stats.vanished == 1
     assert naming_pid(client.pids, scan.processes) == 812
+
+
+def test_a_process_gone_before_its_descriptors_are_read_is_vanished_not_unreadable(
+    waiting_child: tuple[int, Callable[[], None]],
+) -> None:
+    """On the real /proc a process that exits after its directory was opened answers ESRCH,
+    not ENOENT, to the opening of its ``fd/`` and ``fdinfo/<n>``: that is an exit (vanished),
+    not a refusal (unreadable, which the permission check weighs)."""
+    pid, end = waiting_child
+    scanner = _Scanner("/proc", lambda st: False, os.open, None)
+    pid_dfd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        end()
+        assert scanner.drm_descriptors(pid, pid_dfd) is None
+        assert scanner.read_fdinfo(pid_dfd, "0", {}) == "skip"
+    finally:
+        os.close(pid_dfd)
+    s = scanner.stats
+    assert (s.vanished, s.unreadable, s.unreadable_processes) == (2, 0, 0)
