@@ -66,7 +66,6 @@ __all__ = [
     "default_sockets",
     "is_broker",
     "load_rules",
-    "mount_namespace_key",
     "name_from_inspect",
     "naming_pid",
     "primary_cgroup",
@@ -570,16 +569,3 @@ def naming_pid(pids: Iterable[int], processes: Mapping[int, NamingCandidate]) ->
     if others:
         return others[0][0]
     return known[0][0] if known else ordered[0]
-
-
-def mount_namespace_key(pid_dir: str) -> str:
-    """The key of a process's mount namespace, for caching what its fd link targets are.
-
-    ``mnt:[<inode>]`` from ``<pid_dir>/ns/mnt``; when that link cannot be read, a key of
-    this process alone (``unreadable:<pid_dir>``), so a path is never taken to mean the same
-    file in two processes whose namespaces are unknown.
-    """
-    try:
-        return os.readlink(f"{pid_dir}/ns/mnt")
-    except OSError:
-        return f"unreadable:{pid_dir}"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cardshare import procscan
-from cardshare.naming import is_broker, mount_namespace_key, naming_pid, primary_cgroup
+from cardshare.naming import is_broker, naming_pid, primary_cgroup
 
 
 @dataclass(frozen=True)
@@ -118,27 +118,14 @@ def test_naming_pid_needs_a_pid() -> None:
 # --- the fd-target cache key when /proc/<pid>/ns/mnt cannot be read -------------------------
 
 
-def test_mount_namespace_key_readable(tmp_path: Path) -> None:
-    (tmp_path / "ns").mkdir()
-    (tmp_path / "ns" / "mnt").symlink_to("mnt:[4026531841]")
-    assert mount_namespace_key(str(tmp_path)) == "mnt:[4026531841]"
-
-
-def test_mount_namespace_key_unreadable_is_per_process(tmp_path: Path) -> None:
-    keys = {mount_namespace_key(str(tmp_path / "proc" / pid)) for pid in ("10", "11")}
-    assert keys == {f"unreadable:{tmp_path}/proc/10", f"unreadable:{tmp_path}/proc/11"}
-    assert "" not in keys
-
-
 def test_scan_with_the_key_does_not_share_unknown_namespaces(
-    rec_tree: Any, rec_make_fdinfo: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
 ) -> None:
     """Two processes whose namespaces cannot be read show the same link text ``../gpu``
     for different files (as ``/dev/dri/renderD128`` in two containers may be): with one
-    cache key for both, the first answer is reused for the second.  The scanner must use
-    :func:`mount_namespace_key` (wired here until procscan calls it)."""
+    cache key for both, the first answer is reused for the second.  The scanner keys its
+    cache on ``ns/mnt``, and where that cannot be read, on the process alone."""
     t = rec_tree
-    monkeypatch.setattr(procscan, "_namespace_key", mount_namespace_key, raising=False)
     for pid, drm in ((400, False), (401, True), (402, False)):
         base = t.process(pid, comm=f"p{pid}")
         (base / "gpu").symlink_to(t.node if drm else t.plain)
