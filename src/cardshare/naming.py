@@ -12,13 +12,15 @@ pod, not the node:
 
 * Docker, systemd driver: ``.../docker-<64 hex>.scope``;
 * Docker, cgroupfs driver: ``.../docker/<64 hex>``;
-* Podman: ``.../libpod-<64 hex>.scope`` (maybe with a ``/container`` child);
+* Podman: ``.../libpod-<64 hex>.scope`` (systemd manager) and ``.../libpod-<64 hex>``
+  (cgroupfs manager, below ``/libpod_parent``), maybe with a ``/container`` child;
 * rootless engines: the same names below ``user@<uid>.service`` or ``user-<uid>.slice``
   (the uid is kept; uid 0 is root's engine, asked on the rootful socket);
 * Kubernetes CRI (containerd, CRI-O): ``...-pod<uid>.slice/cri-containerd-<64 hex>.scope``
-  and ``crio-<64 hex>.scope`` (systemd driver), ``kubepods/<qos>/pod<uid>/<64 hex>``
-  (cgroupfs driver) and ``...-pod<uid>.slice:cri-containerd:<64 hex>`` (containerd's
-  ``slice:prefix:id`` cgroupsPath taken literally by a cgroupfs runtime).
+  and ``crio-<64 hex>.scope`` (systemd driver), ``kubepods/<qos>/pod<uid>/<64 hex>`` and
+  ``kubepods/<qos>/pod<uid>/crio-<64 hex>`` (cgroupfs driver) and
+  ``...-pod<uid>.slice:cri-containerd:<64 hex>`` (containerd's ``slice:prefix:id``
+  cgroupsPath taken literally by a cgroupfs runtime).
 
 Command rules are ``(regex, name, field)`` where field is ``comm``, ``cmdline`` or ``any``; a
 rules file is a JSON list of ``{"pattern": ..., "name": ..., "match": "any"}`` objects.
@@ -108,10 +110,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Engine], ...] = (
     (re.compile(rf"(?:^|/)docker-{_HEX64}\.scope{_END}"), "docker"),
     (re.compile(rf"(?:^|/)docker/{_HEX64}{_END}"), "docker"),
     (re.compile(rf"(?:^|/)libpod-{_HEX64}\.scope{_END}"), "podman"),
+    # podman's cgroupfs manager: <parent, /libpod_parent by default>/libpod-<id>
+    (re.compile(rf"(?:^|/)libpod-{_HEX64}{_END}"), "podman"),
     (re.compile(rf"-pod{_POD_UID}\.slice/{_CRI_PREFIX}-{_HEX64}\.scope{_END}"), "cri"),
     (re.compile(rf"-pod{_POD_UID}\.slice:{_CRI_PREFIX}:{_HEX64}{_END}"), "cri"),
+    # the kubelet's cgroupfs driver: containerd names the container's cgroup by its id alone,
+    # CRI-O as crio-<id> (no .scope)
     (
-        re.compile(rf"(?:^|/)kubepods(?:/burstable|/besteffort)?/pod{_POD_UID}/{_HEX64}{_END}"),
+        re.compile(
+            rf"(?:^|/)kubepods(?:/burstable|/besteffort)?/pod{_POD_UID}/(?:crio-)?{_HEX64}{_END}"
+        ),
         "cri",
     ),
 )

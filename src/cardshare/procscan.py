@@ -11,9 +11,11 @@ relative to that descriptor, so a pid that exits and is reused mid-scan cannot l
 name to another process's client: procfs ties the directory to the process, not to its
 number, and once that process is gone every read through it fails (``ESRCH``, or ``ENOENT``
 on a lookup), whoever has the pid by then.  So the reads of one process
-need no second look at its start time: a record whose process exits before its cgroup and
-command line are read is dropped (counted in :attr:`ScanStats.vanished`) rather than kept
-partial.  The start time (field 22 of ``stat``) is read once and kept with the record, for
+need no second look at its start time: a record whose process is reaped before its cgroup
+and command line are read is dropped (counted in :attr:`ScanStats.vanished`) rather than kept
+partial.  A process still exiting reads on: its command line is empty once its memory map is
+gone, but it holds its descriptors, and its clients their memory, until its files are
+closed, so its clients are kept (named by its container, else its comm).  The start time (field 22 of ``stat``) is read once and kept with the record, for
 the reads made later by pid: a process holding only clients that a lower pid already named
 keeps a short record (comm, start time); after the walk, the record of each client's naming
 process is completed through ``<root>/proc/<pid>`` opened again, used only if its start time
@@ -32,8 +34,10 @@ simulated tree, every DRM descriptor's fdinfo is read and clients are deduplicat
 
 A process that vanishes mid-scan, a descriptor closed between listing and reading, or a file
 that cannot be read is skipped and counted in :class:`ScanStats`; none of them stops the scan
-alone.  But when most processes refuse their ``fd/`` directory (no ptrace permission), the
-scan raises :class:`ScanPermissionError` instead of returning an empty card.
+alone.  But when most processes refuse their descriptors (no ptrace permission: a user
+other than the owner is refused ``fd/`` itself, root without ``CAP_SYS_PTRACE`` each link in
+it), the scan raises :class:`ScanPermissionError` instead of returning an empty card.
+Processes with no descriptor (kernel threads, zombies) test no right and are not counted.
 """
 
 from __future__ import annotations
@@ -77,8 +81,8 @@ __all__ = [
 
 DRM_MAJOR = 226
 UNKNOWN_PDEV = "unknown"
-# More than this many processes refusing their fd directory, and more than half of those
-# examined: the scan is an error (see ScanPermissionError).
+# More than this many processes refusing their descriptors, and more than half of those
+# examined (holding descriptors, or refusing them): the scan is an error (ScanPermissionError).
 UNREADABLE_MIN = 5
 
 IsDrm = Callable[[os.stat_result], bool]
@@ -417,6 +421,8 @@ class _Scanner:
         # the last fdinfo text the process being read gave, and its outcome (read_fdinfo)
         self.last_text: tuple[bytes, ClientKey | None] | None = None
         self.vanished_processes = 0
+        # processes with no descriptor (kernel threads, zombies): they say nothing of our rights
+        self.empty_processes = 0
 
     # --- descriptors -----------------------------------------------------------------------
 
@@ -445,6 +451,7 @@ class _Scanner:
         try:
             fds = os.listdir(dfd)
             if not fds:
+                self.empty_processes += 1
                 return []
             stats.descriptors += len(fds)
             fds, targets = self.link_targets(fds, dfd)
@@ -482,10 +489,17 @@ class _Scanner:
         return drm
 
     def link_targets(self, fds: list[str], dfd: int) -> tuple[list[str], list[str]]:
-        """The descriptors still open and their link targets (closed ones are counted)."""
+        """The descriptors still open and their link targets (closed ones are counted).
+
+        Raises ``PermissionError`` when a link is refused: the kernel checks ptrace rights on
+        the links, not on listing ``fd/`` (root without ``CAP_SYS_PTRACE`` lists every
+        process's descriptors and may read none), and the check is per process.
+        """
         readlink = os.readlink
         try:  # the common case: no descriptor closed since the listing
             return fds, [readlink(fd, dir_fd=dfd) for fd in fds]
+        except PermissionError:
+            raise
         except OSError:
             pass
         still: list[str] = []
@@ -496,6 +510,8 @@ class _Scanner:
             except _GONE:
                 self.stats.vanished += 1
                 continue
+            except PermissionError:
+                raise
             except OSError:
                 self.stats.unreadable += 1
                 continue
@@ -776,7 +792,8 @@ class _Scanner:
 
     def check_permissions(self) -> None:
         stats = self.stats
-        examined = stats.processes - self.vanished_processes
+        # those whose rights were tested: not gone, and holding descriptors or refusing them
+        examined = stats.processes - self.vanished_processes - self.empty_processes
         denied = stats.unreadable_processes
         if denied > UNREADABLE_MIN and denied * 2 > examined:
             raise ScanPermissionError(denied, examined)
@@ -812,7 +829,8 @@ def scan_proc(
 
     Raises ``OSError`` when ``<root>/proc`` itself cannot be listed, and
     :class:`ScanPermissionError` when more than :data:`UNREADABLE_MIN` processes, and more
-    than half of those examined, refused their fd directory.
+    than half of those examined (not gone, not without descriptors), refused their
+    descriptors.
     """
     if opener is None:
         opener = os.open  # looked up now: a test may patch it

@@ -206,6 +206,19 @@ def test_cri_cgroup_fixtures(
     [
         # guaranteed pod, cgroupfs driver: no QoS level
         (f"0::/kubepods/pod{POD_UID}/{CID}\n", ContainerRef("cri", CID, pod_uid=POD_UID)),
+        # CRI-O with the cgroupfs driver: crio-<id> in the pod's cgroup (CRI-O's cgroupfs
+        # manager, ContainerCgroupPath: filepath.Join(parent, "crio-"+id))
+        (
+            f"0::/kubepods/burstable/pod{POD_UID}/crio-{CID}\n",
+            ContainerRef("cri", CID, pod_uid=POD_UID),
+        ),
+        (f"0::/kubepods/besteffort/pod{POD_UID}/crio-conmon-{CID}\n", None),
+        # podman with the cgroupfs manager: /libpod_parent/libpod-<id>, no .scope (libpod's
+        # cgroupfs path); conmon's own cgroup is not the container
+        (f"0::/libpod_parent/libpod-{CID}\n", ContainerRef("podman", CID)),
+        (f"0::/libpod_parent/libpod-{CID}/container\n", ContainerRef("podman", CID)),
+        ("0::/libpod_parent/conmon\n", None),
+        (f"0::/libpod_parent/libpod-conmon-{CID}\n", None),
         # the pod's own cgroup (no container) is not a container
         (f"0::/kubepods/burstable/pod{POD_UID}\n", None),
         (f"0::/kubepods.slice/kubepods-pod{POD_UID_}.slice\n", None),
