@@ -15,11 +15,12 @@ need no second look at its start time: a record whose process is reaped before i
 and command line are read is dropped (counted in :attr:`ScanStats.vanished`) rather than kept
 partial.  A process still exiting reads on: its command line is empty once its memory map is
 gone, but it holds its descriptors, and its clients their memory, until its files are
-closed, so its clients are kept (named by its container, else its comm).  The start time (field 22 of ``stat``) is read once and kept with the record, for
-the reads made later by pid: a process holding only clients that a lower pid already named
-keeps a short record (comm, start time); after the walk, the record of each client's naming
-process is completed through ``<root>/proc/<pid>`` opened again, used only if its start time
-is the one recorded.  Trees without ``stat`` (the lab's simulated ``/proc``) have no start
+closed, so its clients are kept (named by its container, else its comm).  The start time
+(field 22 of ``stat``) is read once and kept with the record, for the reads made later by
+pid: a process holding only clients that a lower pid already named keeps a short record
+(comm, start time); after the walk, the record of each client's naming process is completed
+through ``<root>/proc/<pid>`` opened again, used only if its start time is the one
+recorded.  Trees without ``stat`` (the lab's simulated ``/proc``) have no start
 time and skip those checks; there a missing file is read as empty.
 
 Each open file read once: before a DRM descriptor's fdinfo is read it is compared with the
