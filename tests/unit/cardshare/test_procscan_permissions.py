@@ -132,11 +132,13 @@ def test_root_without_ptrace_rights_counts_the_process_not_its_descriptors() -> 
     hold_r, hold_w = os.pipe()
     target = os.fork()
     if target == 0:  # pragma: no cover - runs in the child: another user's process
-        os.close(hold_w)
-        os.setgid(65534)
-        os.setuid(65534)
-        os.read(hold_r, 1)
-        os._exit(0)
+        try:
+            os.close(hold_w)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.read(hold_r, 1)
+        finally:
+            os._exit(0)  # never back into pytest from a forked child
     os.close(hold_r)
     result_r, result_w = os.pipe()
     checker = os.fork()
