@@ -241,7 +241,7 @@ class ScanStats:
     unreadable: int = 0  # permission or I/O errors
     not_clients: int = 0  # DRM descriptors whose fdinfo has no drm-driver/drm-client-id
     malformed_lines: int = 0
-    unreadable_processes: int = 0  # processes whose fd directory refused us (EACCES/EPERM)
+    unreadable_processes: int = 0  # processes refusing fd/ or its links (EACCES/EPERM)
     reused: int = 0  # processes dropped: a holder of an open file they share is gone (kcmp)
     fdinfo_reads: int = 0  # DRM fdinfo files read
     fdinfo_reads_saved: int = 0  # DRM descriptors sharing an open file already read

@@ -341,3 +341,30 @@ def test_a_process_gone_before_its_descriptors_are_read_is_vanished_not_unreadab
         os.close(pid_dfd)
     s = scanner.stats
     assert (s.vanished, s.unreadable, s.unreadable_processes) == (2, 0, 0)
+
+
+def test_a_shared_file_whose_holder_was_replaced_drops_the_reads_it_answered(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """pid 101 shares pid 100's open file, so its descriptor is not read: pid 100's result
+    answers for it (kcmp).  When pid 100 is no longer the process read (its start time by
+    path differs: exited, pid reused), that answer is not kept for 101 (counted as reused);
+    pid 100's own record stays, read before it went."""
+    t = rec_tree
+    _with_stat(t, 100, "python3", 5000, VLLM_BOX)
+    t.drm_fd(100, 3, rec_make_fdinfo(3))
+    _with_stat(t, 101, "worker", 5001, VLLM_BOX)
+    t.drm_fd(101, 3, rec_make_fdinfo(3))
+
+    def order(pid1: int, fd1: int, pid2: int, fd2: int) -> int:
+        if pid1 == 101:  # while 101 is compared, pid 100 exits and sshd takes its pid
+            (t.root / "proc" / "100" / "stat").write_text(_stat_line(100, "sshd", 9000))
+        return 0  # one open file
+
+    scan = scan_proc(str(t.root), t.is_drm, compare=order)
+
+    assert scan.stats.reused == 1
+    assert scan.stats.fdinfo_reads_saved == 1
+    assert [(key, client.pids) for key, client in scan.clients.items()] == [
+        (("0000:03:00.0", 3), {100})
+    ]
