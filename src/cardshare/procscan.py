@@ -39,6 +39,10 @@ alone.  But when most processes refuse their descriptors (no ptrace permission: 
 other than the owner is refused ``fd/`` itself, root without ``CAP_SYS_PTRACE`` each link in
 it), the scan raises :class:`ScanPermissionError` instead of returning an empty card.
 Processes with no descriptor (kernel threads, zombies) test no right and are not counted.
+
+A process whose leader thread exited while others run (``pthread_exit()`` in ``main``) lists
+an empty ``fd/`` though it holds its descriptors: they are read under ``task/<tid>/`` of a
+live thread (compared by that thread's id), and its clients recorded under its pid.
 """
 
 from __future__ import annotations
@@ -193,6 +197,14 @@ def parse_stat(data: bytes) -> tuple[str, int] | None:
     if len(fields) < 20 or not fields[19].isdigit():
         return None
     return data[start + 1 : end].decode("utf-8", "replace"), int(fields[19])
+
+
+def _leader_exited(data: bytes) -> bool:
+    """Whether a ``stat`` text is that of a thread group whose leader has exited while other
+    threads run: state ``Z`` (field 3) and more than one thread (field 20)."""
+    end = data.rfind(b")")
+    fields = data[end + 2 :].split(None, 18) if end >= 0 else []
+    return len(fields) > 17 and fields[0] == b"Z" and fields[17].isdigit() and fields[17] != b"1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,8 +412,18 @@ class _Rep:
     start_time: int | None
 
 
+@dataclass(slots=True)
+class _Thread:
+    """A live thread of a process whose leader has exited: its descriptors are read there."""
+
+    tid: int
+    dfd: int  # task/<tid>, opened through the process's directory
+    start_time: int | None
+
+
 # What one DRM descriptor resolved to: a client key, None (not a client), or skipped.
 _SKIP: Literal["skip"] = "skip"
+_EMPTY: Literal["empty"] = "empty"  # an fd/ that lists nothing (list_drm)
 _Outcome: TypeAlias = ClientKey | Literal["skip"] | None
 
 
@@ -427,8 +449,59 @@ class _Scanner:
 
     # --- descriptors -----------------------------------------------------------------------
 
-    def drm_descriptors(self, pid: int, pid_dfd: int) -> list[str] | None:
-        """The DRM descriptors of a process (``None`` when its fd directory is gone or closed).
+    def drm_descriptors(self, pid: int, pid_dfd: int) -> tuple[list[str], _Thread | None] | None:
+        """The DRM descriptors of a process and, when they are a thread's, that thread
+        (``None`` when its fd directory is gone or closed; the caller closes ``_Thread.dfd``).
+
+        A process whose leader called ``pthread_exit()`` while other threads run is a zombie
+        leader: its ``fd/`` lists empty and its ``ns/mnt`` is gone, yet its descriptors (and
+        the memory of its clients) are held, shown under ``task/<tid>/`` of a live thread;
+        ``kcmp`` takes that thread's id too.  Only a process whose ``fd/`` lists empty is
+        checked (one read of its ``stat``).
+        """
+        listed = self.list_drm(pid, pid_dfd)
+        if listed is None:
+            return None
+        if isinstance(listed, list):
+            return listed, None
+        thread = self.live_thread(pid, pid_dfd)
+        if thread is not None:
+            listed = self.list_drm(thread.tid, thread.dfd)
+            if isinstance(listed, list):
+                return listed, thread
+            os.close(thread.dfd)
+            if listed is None:
+                return None
+        self.empty_processes += 1
+        return [], None
+
+    def live_thread(self, pid: int, pid_dfd: int) -> _Thread | None:
+        """A live thread of the process when its leader has exited (see drm_descriptors)."""
+        opener = self.opener
+        try:
+            if not _leader_exited(_read_at(opener, "stat", pid_dfd)):
+                return None
+            task_dfd = opener("task", _DIR_FLAGS, dir_fd=pid_dfd)
+            try:
+                tids = sorted(int(t) for t in os.listdir(task_dfd) if t.isdigit())
+                for tid in tids:
+                    if tid == pid:
+                        continue
+                    try:
+                        dfd = opener(str(tid), _DIR_FLAGS, dir_fd=task_dfd)
+                    except OSError:
+                        continue  # that thread ended meanwhile
+                    parsed = _stat_of(opener, dfd)
+                    return _Thread(tid, dfd, parsed[1] if parsed is not None else None)
+            finally:
+                os.close(task_dfd)
+        except OSError:
+            pass
+        return None
+
+    def list_drm(self, pid: int, pid_dfd: int) -> list[str] | Literal["empty"] | None:
+        """The DRM descriptors under ``fd/`` of a process or thread directory: ``"empty"``
+        when it lists none, ``None`` when it is gone or refused (counted).
 
         Each link target is read first: kernel pseudo files (``socket:``, ``pipe:``,
         ``anon_inode:``) are never DRM devices, and a path already checked in the same mount
@@ -452,8 +525,7 @@ class _Scanner:
         try:
             fds = os.listdir(dfd)
             if not fds:
-                self.empty_processes += 1
-                return []
+                return _EMPTY
             stats.descriptors += len(fds)
             fds, targets = self.link_targets(fds, dfd)
             # what each path is, learnt once per mount namespace
@@ -696,9 +768,28 @@ class _Scanner:
         return outcomes
 
     def process(self, pid: int, pid_dfd: int, every_holder: bool) -> None:
-        drm_fds = self.drm_descriptors(pid, pid_dfd)
-        if not drm_fds:
+        found = self.drm_descriptors(pid, pid_dfd)
+        if found is None:
             return
+        drm_fds, thread = found
+        if thread is None:
+            if drm_fds:
+                self.process_drm(pid, pid_dfd, drm_fds, None, every_holder)
+            return
+        try:
+            if drm_fds:
+                self.process_drm(pid, pid_dfd, drm_fds, thread, every_holder)
+        finally:
+            os.close(thread.dfd)
+
+    def process_drm(
+        self,
+        pid: int,
+        pid_dfd: int,
+        drm_fds: list[str],
+        thread: _Thread | None,
+        every_holder: bool,
+    ) -> None:
         stats = self.stats
         opener = self.opener
         self.last_text = None
@@ -708,15 +799,22 @@ class _Scanner:
         # process or fail (module docstring).
         first = _stat_of(opener, pid_dfd)
         comm, start = (first[0], first[1]) if first is not None else (None, None)
+        # where the descriptors are: the process's directory, or a live thread's
+        if thread is None:
+            holder, holder_dfd, holder_start = pid, pid_dfd, start
+        else:
+            holder, holder_dfd, holder_start = thread.tid, thread.dfd, thread.start_time
         pending: dict[ClientKey, FdInfo] = {}
         mine: list[_Rep] = []
         others: set[tuple[int, int | None]] = set()
         if self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
             stats.drm_descriptors += len(drm_fds)
             read = self.read_fdinfo
-            outcomes = [read(pid_dfd, fd, pending) for fd in drm_fds]
+            outcomes = [read(holder_dfd, fd, pending) for fd in drm_fds]
         else:
-            outcomes = self.read_unshared(pid, pid_dfd, start, drm_fds, pending, mine, others)
+            outcomes = self.read_unshared(
+                holder, holder_dfd, holder_start, drm_fds, pending, mine, others
+            )
         keys = [o for o in outcomes if isinstance(o, tuple)]
         info: ProcessInfo | None = None
         dropped = False

@@ -394,7 +394,12 @@ class StatusData:
         self.engine = engine
         config = engine.config
         self.history = (
-            HistoryView(config.history_dir, config.transcode_client_names, engine.clock.now)
+            HistoryView(
+                config.history_dir,
+                config.transcode_client_names,
+                engine.clock.now,
+                pdev=config.card_pdev,
+            )
             if config.history_dir is not None
             else None
         )

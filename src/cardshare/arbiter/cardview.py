@@ -92,14 +92,27 @@ def _client(raw: Any) -> CardClient:
     return CardClient(name=raw["name"], vram_bytes=int(vram), busy_engines=tuple(busy))
 
 
-def parse_card_view(doc: Any) -> CardView:
-    """Pure: one decoded ``current.json`` to a :class:`CardView` (clients of all cards)."""
+def parse_card_view(doc: Any, pdev: str | None = None) -> CardView:
+    """Pure: one decoded ``current.json`` to a :class:`CardView`.
+
+    With ``pdev`` (the card the arbiter trades), only that card's clients and size: on a host
+    with another GPU (an iGPU driving the desktop, or a second card) their clients are not on
+    this card.  Without, the clients of every card (a host with one GPU).
+    """
     if not isinstance(doc, dict):
         raise CardDataError(f"card data must be a JSON object, got {type(doc).__name__}")
     raw_clients: list[Any] = []
     total: int | None = None
     cards = doc.get("cards")
-    card_docs = list(cards.values()) if isinstance(cards, dict) else cards
+    if pdev is not None and isinstance(cards, dict):
+        if pdev not in cards:
+            raise CardDataError(
+                f"card data has no card {pdev} (cards: {', '.join(sorted(map(str, cards)))}): "
+                "set card_pdev to the card's PCI address"
+            )
+        card_docs: Any = [cards[pdev]]
+    else:
+        card_docs = list(cards.values()) if isinstance(cards, dict) else cards
     if isinstance(card_docs, list):
         for card in card_docs:
             if isinstance(card, dict):
@@ -116,7 +129,7 @@ def parse_card_view(doc: Any) -> CardView:
     )
 
 
-def _load_view(path: Path) -> CardView:
+def _load_view(path: Path, pdev: str | None = None) -> CardView:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -124,7 +137,7 @@ def _load_view(path: Path) -> CardView:
     except UnicodeDecodeError as exc:
         raise CardDataError(f"card data {path} is not UTF-8: {exc}") from exc
     try:
-        return parse_card_view(json.loads(text))
+        return parse_card_view(json.loads(text), pdev)
     except json.JSONDecodeError as exc:
         raise CardDataError(f"card data {path} is not JSON: {exc}") from exc
 
@@ -140,7 +153,8 @@ class RecorderFileSource:
     """Reads the ``current.json`` of the arbiter's scans (``path``; ``scan_argv`` writes it
     on demand) and, when given, the recorder's own (``recorder_path``, its timer's scans):
     the newer of the two is the card, so an idle arbiter shows the recorder's data without a
-    scan of its own.  A recorder file that cannot be read is passed over."""
+    scan of its own.  A recorder file that cannot be read is passed over.  ``pdev`` selects
+    the card (see :func:`parse_card_view`)."""
 
     def __init__(
         self,
@@ -148,8 +162,10 @@ class RecorderFileSource:
         scan_argv: Sequence[str],
         scan_timeout: float = 60.0,
         recorder_path: Path | None = None,
+        pdev: str | None = None,
     ) -> None:
         self.path = path
+        self.pdev = pdev
         self.scan_argv = tuple(scan_argv)
         self.scan_timeout = scan_timeout
         self.recorder_path = recorder_path
@@ -161,7 +177,7 @@ class RecorderFileSource:
             if path is None:
                 continue
             try:
-                views.append(_load_view(path))
+                views.append(_load_view(path, self.pdev))
             except CardDataError as exc:
                 errors.append(exc)
         if not views:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ class Config:
     proxy_url: str | None = None
     card_scan_argv: tuple[str, ...] = ()
     card_data_max_age_seconds: float = 120.0
+    # the card the arbiter trades (its PCI address, as drm-pdev and sysfs print it); None:
+    # every card of the card data (a host with one GPU)
+    card_pdev: str | None = None
     llm_client_names: tuple[str, ...] = ()
     image_client_names: tuple[str, ...] = ()
     # tenants that stay on the card through every swap (the retrieval tier): never a reason
@@ -153,6 +157,8 @@ class Config:
         return self.image_client_names or (self.image_container.client_name,)
 
 
+# a PCI address as sysfs and DRM fdinfo's drm-pdev print it: domain:bus:device.function
+_PDEV_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _REQUIRED_STR = ("vllm_url", "served_model_name", "comfyui_url")
 _REQUIRED_PATH = ("data_dir", "card_current_json", "token_file")
 _POSITIVE_FLOAT = (
@@ -213,6 +219,7 @@ _KNOWN = (
         "prewarm_margin_bytes",
         "history_dir",
         "recorder_current_json",
+        "card_pdev",
         "transcode_client_names",
         "handback_on_waiting_agent",
         "listen_host",
@@ -391,6 +398,16 @@ def parse_config(raw: Any) -> Config:
                 "set it to the recorder's current.json (absolute), or leave it out",
             )
         kwargs["recorder_current_json"] = Path(recorder_json)
+    pdev = raw.get("card_pdev")
+    if pdev is not None:
+        if not isinstance(pdev, str) or not _PDEV_RE.fullmatch(pdev):
+            raise _err(
+                "card_pdev",
+                pdev,
+                "set it to the card's PCI address as sysfs prints it (such as '0000:03:00.0'), "
+                "or leave it out on a host with one GPU",
+            )
+        kwargs["card_pdev"] = pdev
     for path in kwargs["prewarm_paths"]:
         if not path.startswith("/"):
             raise _err("prewarm_paths", list(kwargs["prewarm_paths"]), "give absolute paths")

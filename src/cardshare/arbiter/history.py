@@ -12,6 +12,9 @@ aggregates, never the snapshots:
   the card's is the clients' sum, capped at 1);
 * per UTC day, the hours during which a transcoding client (Plex) kept a video engine busy.
 
+With the arbiter's card named (``pdev``), only that card's clients count: an iGPU's desktop
+or a second card's work is not this card's.
+
 Each snapshot weighs its interval (``interval_seconds``, else the gap to the previous line,
 capped as the recorder's report caps it).  A snapshot in both a month's archive and its plain
 file (a scan that died between the two) counts once: snapshots are unique by timestamp.  A
@@ -76,8 +79,10 @@ class HistoryView:
         transcode_names: Sequence[str] = (),
         clock: Any = time.time,
         max_interval: float = MAX_INTERVAL,
+        pdev: str | None = None,
     ) -> None:
         self.history_dir = history_dir
+        self.pdev = pdev  # the arbiter's card (config card_pdev); None: every card
         self.transcode_names = frozenset(transcode_names)
         self.clock = clock
         self.max_interval = max_interval
@@ -195,7 +200,8 @@ class HistoryView:
         vram: dict[str, int] = {}
         busy = {group: 0.0 for group in ENGINE_GROUPS}
         transcoding = False
-        for card in doc["cards"].values():
+        cards = doc["cards"]
+        for card in cards.values() if self.pdev is None else (cards.get(self.pdev),):
             clients = card.get("clients") if isinstance(card, dict) else None
             for client in clients if isinstance(clients, list) else []:
                 if not isinstance(client, dict) or not isinstance(client.get("name"), str):

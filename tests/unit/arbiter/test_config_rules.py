@@ -51,6 +51,8 @@ def test_config_defaults() -> None:
     assert config.recorder_current_json is None
     read = parse_config({**BASE, "recorder_current_json": "/srv/cardshare-recorder/current.json"})
     assert read.recorder_current_json == Path("/srv/cardshare-recorder/current.json")
+    assert config.card_pdev is None
+    assert parse_config({**BASE, "card_pdev": "0000:03:00.0"}).card_pdev == "0000:03:00.0"
 
 
 @pytest.mark.parametrize(
@@ -104,6 +106,18 @@ def test_config_defaults() -> None:
             {"recorder_current_json": "recorder/current.json"},
             "config key 'recorder_current_json' has value 'recorder/current.json': "
             "set it to the recorder's current.json (absolute), or leave it out",
+        ),
+        (
+            {"card_pdev": "0000:03:00.0:render"},
+            "config key 'card_pdev' has value '0000:03:00.0:render': set it to the card's PCI "
+            "address as sysfs prints it (such as '0000:03:00.0'), or leave it out on a host "
+            "with one GPU",
+        ),
+        (
+            {"card_pdev": "0000:0A:00.0"},
+            "config key 'card_pdev' has value '0000:0A:00.0': set it to the card's PCI "
+            "address as sysfs prints it (such as '0000:03:00.0'), or leave it out on a host "
+            "with one GPU",
         ),
         (
             {"idle_secs": 60},
@@ -454,6 +468,44 @@ RECORDER_SNAPSHOT: dict[str, Any] = {
 )
 def test_parse_card_view(doc: dict[str, Any], view: CardView) -> None:
     assert parse_card_view(doc) == view
+
+
+# A host with an iGPU beside the Arc card: the recorder sees both (cards keyed by drm-pdev).
+TWO_CARDS: dict[str, Any] = {
+    "timestamp_unix": 1778312125.0,
+    "cards": {
+        "0000:00:02.0": {  # the iGPU: the desktop's compositor, busy, no device memory
+            "driver": "xe",
+            "vram_total_bytes": None,
+            "clients": [{"name": "gnome-shell", "vram_bytes": 0, "engines": {"rcs": 0.3}}],
+        },
+        "0000:03:00.0": {
+            "driver": "xe",
+            "vram_total_bytes": 32 * 2**30,
+            "clients": [{"name": "vllm/vllm", "vram_bytes": 29 * 2**30, "engines": {}}],
+        },
+    },
+}
+
+
+def test_the_arbiters_card_is_the_one_named() -> None:
+    """Every card's clients count when no card is named (a host with one GPU); with the
+    Arc card named, the iGPU's busy compositor is not someone on the card."""
+    merged = parse_card_view(TWO_CARDS)
+    assert [c.name for c in merged.others(["vllm/vllm"])] == ["gnome-shell"]
+    arc = parse_card_view(TWO_CARDS, "0000:03:00.0")
+    assert arc == CardView(
+        1778312125.0, (CardClient("vllm/vllm", 29 * 2**30, ()),), vram_total_bytes=32 * 2**30
+    )
+    assert arc.others(["vllm/vllm"]) == ()
+    igpu = parse_card_view(TWO_CARDS, "0000:00:02.0")
+    assert (igpu.vram_total_bytes, [c.name for c in igpu.clients]) == (None, ["gnome-shell"])
+    with pytest.raises(CardDataError) as info:
+        parse_card_view(TWO_CARDS, "0000:04:00.0")
+    assert str(info.value) == (
+        "card data has no card 0000:04:00.0 (cards: 0000:00:02.0, 0000:03:00.0): "
+        "set card_pdev to the card's PCI address"
+    )
 
 
 @pytest.mark.parametrize(

@@ -410,6 +410,34 @@ async def test_recorder_file_source_takes_the_newer_of_its_scans_and_the_recorde
         await source.read()
 
 
+async def test_recorder_file_source_reads_the_named_card(tmp_path: Path) -> None:
+    """Both files are read for the named card; a file without it is passed over like a
+    broken one, and with neither file showing it the error names the card and the fix."""
+    from cardshare.arbiter.cardview import CardDataError
+
+    def doc(stamp: float, cards: dict[str, list[str]]) -> str:
+        return json.dumps(
+            {
+                "timestamp_unix": stamp,
+                "cards": {
+                    pdev: {"clients": [{"name": n, "vram_bytes": 1} for n in names]}
+                    for pdev, names in cards.items()
+                },
+            }
+        )
+
+    own = tmp_path / "own.json"
+    recorder = tmp_path / "recorder.json"
+    own.write_text(doc(100.0, {"0000:00:02.0": ["desktop"], "0000:03:00.0": ["vllm/vllm"]}))
+    recorder.write_text(doc(200.0, {"0000:00:02.0": ["desktop"]}))
+    source = RecorderFileSource(own, [], recorder_path=recorder, pdev="0000:03:00.0")
+    view = await source.read()
+    assert (view.scanned_at, [c.name for c in view.clients]) == (100.0, ["vllm/vllm"])
+    own.write_text(doc(300.0, {"0000:00:02.0": ["desktop"]}))
+    with pytest.raises(CardDataError, match=r"no card 0000:03:00\.0 \(cards: 0000:00:02\.0\)"):
+        await source.read()
+
+
 # -- issue: the smaller items, through real HTTP ---------------------------------------------------
 
 DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, not ValueError

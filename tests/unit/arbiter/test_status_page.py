@@ -107,6 +107,33 @@ def test_peaks_busy_shares_and_transcode_hours(history: HistoryView) -> None:
     assert sum(hours.values()) == hours[today]
 
 
+def test_with_its_card_named_another_cards_clients_are_not_charted(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """An iGPU's busy desktop and a transcode there, beside the Arc card's vLLM."""
+    root = tmp_path / "history"
+    root.mkdir()
+    line = json.loads(snapshot(NOW - 600, [client("vllm/vllm", 10 * GIB, ccs=0.5)]))
+    line["cards"]["0000:00:02.0"] = {
+        "driver": "i915",
+        "vram_total_bytes": None,
+        "clients": [client("gnome-shell", 0, rcs=0.5), client("plex/plex", 0, vcs=1.0)],
+    }
+    append(root, json.dumps(line))
+    charts = {}
+    for pdev in (None, "0000:03:00.0"):
+        view = HistoryView(root, ("plex/plex",), clock.now, pdev=pdev)
+        view.refresh()
+        charts[pdev] = view.doc()
+    every, arc = charts[None], charts["0000:03:00.0"]
+    assert every["day"]["busy_share"]["render"] == [[NOW - 600, 1.0]]
+    assert sorted(every["day"]["vram_bytes"]) == ["gnome-shell", "plex/plex", "vllm/vllm"]
+    assert arc["day"]["busy_share"] == {"render": [[NOW - 600, 0.5]], "video": [[NOW - 600, 0.0]]}
+    assert sorted(arc["day"]["vram_bytes"]) == ["vllm/vllm"]
+    assert sum(dict(arc["transcode_hours_per_day"]).values()) == 0
+    assert sum(dict(every["transcode_hours_per_day"]).values()) > 0
+
+
 def test_reads_only_what_was_appended_and_waits_for_a_whole_line(history: HistoryView) -> None:
     root = history.history_dir
     append(root, snapshot(NOW - 120, [client("vllm/vllm", GIB)]))
