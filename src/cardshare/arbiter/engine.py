@@ -41,6 +41,7 @@ from cardshare.arbiter.plans import (
     FreeVram,
     ImageReclaim,
     PassAction,
+    PlanChoice,
     Tenant,
     card_changed,
     choose_plan,
@@ -371,11 +372,17 @@ class Engine:
     async def _measure_free(self, max_age: float = 0.0) -> FreeVram | None:
         """What the card has free for vLLM, from card data at most ``max_age`` old (0: a fresh
         scan); None when it cannot be read."""
+        view = await self._plan_view(max_age)
+        return None if view is None else self._free_in(view)
+
+    async def _plan_view(self, max_age: float) -> CardView | None:
         try:
-            view = await self._waiting(self._card_view(self.clock.now() - max_age))
+            return await self._waiting(self._card_view(self.clock.now() - max_age))
         except CardDataError as exc:
             log.info("no card data to choose vLLM's plan: %s", exc)
             return None
+
+    def _free_in(self, view: CardView) -> FreeVram:
         return measure_free(view, self.config.llm_names, self.config.card_vram_bytes)
 
     # -- holds (a role's probe asks the arbiter not to swap meanwhile) ----------------------
@@ -778,27 +785,39 @@ class Engine:
             self.paused.pop(name, None)
 
     async def _restore_plan(self, obs: SwapObservations) -> Result | None:
-        """A smaller plan serves: back to a larger one when it fits, at an idle moment."""
+        """A smaller plan serves: back to a larger one when it fits, at an idle moment.
+
+        Weighed on the recorder's data as fresh as a swap needs it (not a scan every poll:
+        each one wakes the card), and, when a larger plan fits there, confirmed on a scan made
+        then, as a swap to image is: a client that arrived since (a transcode) would make the
+        larger plan fail to start, and the agents wait through two restarts.
+        """
         idle = should_restore_plan(obs, self.config, self.clock.now())
         if not idle.go:
             return None
-        # the recorder's data as fresh as a swap needs it, not a scan every poll (each one
-        # wakes the card)
-        free = await self._measure_free(self.config.card_data_max_age_seconds)
-        if free is None:
-            return None
-        if self.restore_blocked is not None:
-            if not card_changed(self.restore_blocked, free, self.config.vram_retry_margin_bytes):
-                return None
-            self.restore_blocked = None
-        choice = should_restore(
-            self.config.plans, self.plan_index, free, self.config.vram_headroom_bytes
-        )
+        began = self.clock.now()
+        view = await self._plan_view(self.config.card_data_max_age_seconds)
+        choice = None if view is None else self._restore_choice(view)
+        if view is not None and choice is not None and view.scanned_at < began:
+            view = await self._plan_view(0.0)
+            choice = None if view is None else self._restore_choice(view)
         if choice is None:
             return None
         return Result(
             Outcome.REPLAN,
             f"plan {choice.index} fits again ({choice.reason}); {'; '.join(idle.reasons)}",
+        )
+
+    def _restore_choice(self, view: CardView) -> PlanChoice | None:
+        """The larger plan that fits on ``view``; None while the card is as it was when a
+        restore last failed for want of VRAM (it would fail the same way)."""
+        free = self._free_in(view)
+        if self.restore_blocked is not None:
+            if not card_changed(self.restore_blocked, free, self.config.vram_retry_margin_bytes):
+                return None
+            self.restore_blocked = None
+        return should_restore(
+            self.config.plans, self.plan_index, free, self.config.vram_headroom_bytes
         )
 
     async def _stop(self, role: Role) -> Result:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
+from arbiter_fakes import PNG, WORKFLOW, FakeCard, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.api import metric_families, status_doc
 from cardshare.arbiter.cardview import CardClient
@@ -116,6 +116,36 @@ async def test_no_restore_while_agents_talk_or_when_turned_off(tmp_path: Path) -
     for _ in range(30):
         await engine2.step()
     assert world2.plan_starts == ["vllm-plan1"]
+
+
+async def test_a_restore_is_confirmed_on_a_scan_made_then(tmp_path: Path) -> None:
+    """The data a restore is weighed on may be up to card_data_max_age_seconds old, and a
+    transcode that began since is not in it.  Going on it, the arbiter left llm mode for a
+    start that then found no room (the proxy held the agents meanwhile, though the smaller
+    plan served on).  A scan made when the restore would go sees the transcode: the mode
+    stays llm and the smaller plan serves."""
+    world = world_with_plans()
+    engine = engine_of(tmp_path, world)
+    card: FakeCard = engine.card  # type: ignore[assignment]
+    transcode = CardClient("plex/plex", 9 * GIB, ("vcs",))
+    await swap_and_hand_back(engine, world, lambda: world.others.append(transcode))
+    assert world.plan_starts == ["vllm-plan1"]
+    # the transcode ends; the recorder's timer scans; a new transcode begins right after
+    world.others.clear()
+    card.recorder_view = card.look()
+    world.clock.t += 1  # type: ignore[attr-defined]
+    world.others.append(CardClient("plex/plex", 9 * GIB, ("vcs",)))
+    scans = card.scans
+    for _ in range(40):
+        await engine.step()
+        assert engine.mode is Mode.LLM, engine.state.phase
+    assert world.plan_starts == ["vllm-plan1"]
+    assert engine.plan_index == 1 and serving(engine)
+    assert card.scans > scans  # the confirmation scanned
+    # the transcode ends for good: the full plan returns, confirmed on a scan that shows it
+    world.others.clear()
+    await run_until(engine, lambda e: e.plan_index == 0 and serving(e))
+    assert world.plan_starts == ["vllm-plan1", "vllm"]
 
 
 async def test_the_retrieval_tier_resident_is_accounted(tmp_path: Path) -> None:
