@@ -772,15 +772,12 @@ class _Scanner:
         if found is None:
             return
         drm_fds, thread = found
-        if thread is None:
-            if drm_fds:
-                self.process_drm(pid, pid_dfd, drm_fds, None, every_holder)
-            return
         try:
             if drm_fds:
                 self.process_drm(pid, pid_dfd, drm_fds, thread, every_holder)
         finally:
-            os.close(thread.dfd)
+            if thread is not None:
+                os.close(thread.dfd)
 
     def process_drm(
         self,

@@ -162,6 +162,19 @@ def test_the_box_is_up_as_site_left_it(host: Any, arbiter: str) -> None:
     assert st["queue_length"] == 0
 
 
+def test_the_arbiter_trades_the_card_xe_driver_found(host: Any, arbiter: str) -> None:
+    """arbiter_card_pdev defaults to the xe_driver role's first card (SIMULATION: the lab's
+    0000:03:00.0), and the arbiter reads that card's clients: the resident tier is there."""
+    config = json.loads(lab(host, "cat /opt/cardshare/arbiter/arbiter.json"))
+    assert config["card_pdev"] == "0000:03:00.0", config.get("card_pdev")
+
+    def tier_seen() -> set[str] | None:
+        names = {t["name"] for t in status(arbiter)["tenants"]}
+        return names if "retrieval/ovms" in names else None
+
+    wait_for("the resident tier among the card's tenants", tier_seen, 120)
+
+
 def test_the_campaign_runs_and_the_arbiter_can_ask_it_to_step_aside(host: Any) -> None:
     """site.yml ran transcode_campaign (the lab lists a library) before the arbiter, whose
     default yielding tenants are the campaign's published transcode_campaign_tenant."""
