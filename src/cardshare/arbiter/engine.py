@@ -94,6 +94,12 @@ from cardshare.errors import (
 )
 
 log = logging.getLogger("cardshare.arbiter")
+
+
+class _NotAnImage(Unavailable):
+    """ComfyUI answered a fetch of a saved output with something that is not an image."""
+
+
 T = TypeVar("T")
 
 
@@ -1451,7 +1457,7 @@ class Engine:
             for filename, subfolder, kind in job.saved:
                 data = await self.comfy.view(filename, subfolder, kind)
                 if not is_image(data):
-                    raise Unavailable(
+                    raise _NotAnImage(
                         f"GET /view of {subfolder}/{filename} answered no image: {data[:40]!r}"
                     )
                 found.append(data)
@@ -1467,12 +1473,30 @@ class Engine:
             return await self._fetch_failed(job, exc)
         except Unavailable as exc:
             return await self._fetch_failed(job, exc)
+        self.comfy_unanswered = 0
         self._store_outputs(job, found, "from ComfyUI")
         return True, None
 
     async def _fetch_failed(self, job: Job, exc: Exception) -> tuple[bool, Result | None]:
         """Saved outputs not fetched (no answer, garbage, 404): ask again, after a restart
-        when ComfyUI died; fail the job after job_max_errors. The prompt is never re-run."""
+        when ComfyUI died; fail the job after job_max_errors. The prompt is never re-run.
+
+        No answer while ComfyUI's container runs (its restart policy brought it back and it is
+        still starting, or it hangs) is ComfyUI's silence, not the job's error: polled as a
+        running job's is, a restart after comfyui_unanswered_polls in a row, and only the
+        restart counts against the job.
+        """
+        failure = await self._container_failure("image")
+        dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
+        silent = isinstance(exc, Unavailable) and not isinstance(exc, _NotAnImage)
+        if silent and not dead:
+            self.comfy_unanswered += 1
+            if self.comfy_unanswered < self.config.comfyui_unanswered_polls:
+                log.info("ComfyUI did not answer (%d in a row): %s", self.comfy_unanswered, exc)
+                await self._sleep(self.config.poll_interval_seconds)
+                return False, None
+        else:
+            self.comfy_unanswered = 0
         job = self.store.engine_error(job.id, f"fetching outputs failed: {exc}"[:500])
         if job.errors >= self.config.job_max_errors:
             self._finish(
@@ -1481,9 +1505,9 @@ class Engine:
                 f"its outputs could not be fetched {job.errors} times: {exc}"[:500],
             )
             return True, None
-        failure = await self._container_failure("image")
-        if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-            self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
+        if dead or silent:
+            if failure is not None and dead:
+                self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
             return True, Result(Outcome.RESTART, f"restart ComfyUI to fetch outputs: {exc}")
         await self._sleep(self.config.poll_interval_seconds)
         return False, None

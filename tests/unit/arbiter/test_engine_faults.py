@@ -684,6 +684,43 @@ async def test_outputs_fetched_after_comfy_died_are_never_run_again(tmp_path: Pa
     assert world.submissions == 1 and world.duplicates() == {}
 
 
+async def test_a_comfyui_its_policy_restarted_is_waited_for_not_charged_to_the_job(
+    tmp_path: Path,
+) -> None:
+    """The prompt ran and saved; ComfyUI then crashed and its restart policy brought it back:
+    the container runs, ComfyUI is still starting and refuses connections.  Before, each
+    refused fetch was an error of the job, and three polls failed a job whose files were on
+    disk.  Now the silence is polled as a running job's is, then ComfyUI restarted (the one
+    error), and the files are fetched: done, run once."""
+    from cardshare.arbiter.edges import Unavailable
+
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    (job_id,) = submit(engine)
+    refused = {"left": 4}  # three polls, then once more after the restart
+
+    def respawned_before_fetch(_: str) -> None:
+        world.clock.t += 5
+        engine.comfy._run()  # type: ignore[attr-defined]
+
+        async def starting_view(*args: Any) -> bytes:
+            if refused["left"] > 0:
+                refused["left"] -= 1
+                raise Unavailable("GET /view: connection refused")
+            return await real_view(*args)
+
+        engine.comfy.view = starting_view  # type: ignore[method-assign]
+
+    real_view = engine.comfy.view
+    world.after_submit = respawned_before_fetch
+    await run_until(engine, in_llm_with_no_jobs)
+    job = engine.store.job(job_id)
+    assert job is not None
+    assert (job.state, job.outputs, job.attempts, job.errors) == (JobState.DONE, 1, 1, 1)
+    assert refused["left"] == 0 and world.image.starts >= 2  # restarted once for the fetch
+    assert world.submissions == 1 and world.duplicates() == {}
+
+
 async def test_a_non_image_answer_is_not_stored_as_an_output(tmp_path: Path) -> None:
     world = World(FakeClock(), view_not_image=1)
     engine = make_engine(tmp_path, world, idle_seconds=1.0)
