@@ -298,6 +298,11 @@ _METRICS = (
         "gauge",
         "Processes, descriptors or files skipped by the last scan.",
     ),
+    (
+        "cardshare_scan_fdinfo_malformed_lines",
+        "gauge",
+        "Lines of the DRM fdinfo files the last scan read that were not key: value (ignored).",
+    ),
     ("cardshare_card_vram_total_bytes", "gauge", "Device memory of the card (sysfs)."),
     (
         "cardshare_card_vram_used_bytes",
@@ -403,6 +408,7 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
     samples["cardshare_scan_fdinfo_reads_saved"].append(f" {stats.get('fdinfo_reads_saved', 0)}")
     for reason in ("vanished", "unreadable", "not_clients", "unreadable_processes", "reused"):
         samples["cardshare_scan_skipped"].append(f"{_labels(reason=reason)} {stats.get(reason, 0)}")
+    samples["cardshare_scan_fdinfo_malformed_lines"].append(f" {stats.get('malformed_lines', 0)}")
     for pdev, card in snapshot["cards"].items():
         card_labels = _labels(card=pdev, driver=card.get("driver") or "")
         if card.get("vram_total_bytes") is not None:

@@ -181,3 +181,25 @@ def test_existing_textfile_passes_the_checker(
     )
     run_scan(config, SEPT)
     check_exposition(textfile.read_text())
+
+
+def test_malformed_fdinfo_lines_reach_the_textfile(rec_tree: Any, tmp_path: Path) -> None:
+    """Issue 30: the scan counted malformed fdinfo lines (stats) but the textfile left them out.
+    The file is read back by prometheus_client's own parser, as a scraper would."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rec_tree.process(100, comm="python3")
+    # a line without a colon and a size that is not one: both ignored, both counted
+    rec_tree.drm_fd(100, 3, _xe(1000, 10_000) + "garbage line\ndrm-resident-vram0:\tlots\n")
+    textfile = tmp_path / "cardshare.prom"
+    config = ScanConfig(
+        root=str(rec_tree.root), data_dir=tmp_path / "d", textfile=textfile, is_drm=rec_tree.is_drm
+    )
+    run_scan(config, SEPT)
+    text = textfile.read_text()
+    check_exposition(text)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    family = families["cardshare_scan_fdinfo_malformed_lines"]
+    assert family.type == "gauge"
+    assert "not key: value" in family.documentation
+    assert [(s.labels, s.value) for s in family.samples] == [({}, 2.0)]

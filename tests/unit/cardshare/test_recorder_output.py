@@ -207,6 +207,10 @@ def test_prometheus_text() -> None:
         'cardshare_scan_skipped{reason="not_clients"} 0',
         'cardshare_scan_skipped{reason="unreadable_processes"} 2',
         'cardshare_scan_skipped{reason="reused"} 1',
+        "# HELP cardshare_scan_fdinfo_malformed_lines Lines of the DRM fdinfo files the last scan"
+        " read that were not key: value (ignored).",
+        "# TYPE cardshare_scan_fdinfo_malformed_lines gauge",
+        "cardshare_scan_fdinfo_malformed_lines 0",
         "# HELP cardshare_card_vram_total_bytes Device memory of the card (sysfs).",
         "# TYPE cardshare_card_vram_total_bytes gauge",
         f"cardshare_card_vram_total_bytes{{{card}}} 100",
