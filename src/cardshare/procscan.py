@@ -25,13 +25,21 @@ time and skip those checks; there a missing file is read as empty.
 
 Each open file read once: before a DRM descriptor's fdinfo is read it is compared with the
 open files already read (``kcmp(pid1, pid2, KCMP_FILE, fd1, fd2)``, through ``ctypes``);
-one that shares an open file with a descriptor already read (``dup()``, ``fork()``) takes
-that result without a read (:attr:`ScanStats.fdinfo_reads_saved`).  ``kcmp`` orders open
-files, so the comparison is a binary search.  It is used only on the real ``/proc`` of this
-PID namespace (``<root>/proc/self`` is this process) and stops for the rest of the scan when
-refused (``EPERM`` from seccomp or without ptrace rights, ``ENOSYS``); then, as on a
-simulated tree, every DRM descriptor's fdinfo is read and clients are deduplicated by
-``(drm-pdev, drm-client-id)`` after reading (:attr:`ProcScan.dedupe` says which).
+one that shares an open file with a descriptor already read (``dup()``, ``fork()``,
+``SCM_RIGHTS``) takes that result without a read (:attr:`ScanStats.fdinfo_reads_saved`).
+``kcmp`` orders open files, so the comparison is a binary search.  What it compares with is
+the scan's own descriptor of each file read, taken with ``pidfd_getfd`` before the read (the
+text read is that of the file held): a descriptor number of another process can be given
+another file at any time (``dup2``, close and open), and compared by number it would lend
+the file read earlier to whatever the number holds now.  The scan runs in a thread with a
+descriptor table of its own (``unshare(CLONE_FILES)``), so the files it holds are in no
+``/proc/<pid>/fd`` another scanner walks, and all are closed when it ends; a file its holders
+close meanwhile is released at the end of the scan, not before.  This is used only on the
+real ``/proc`` of this PID namespace (``<root>/proc/self`` is this process) and stops for the
+rest of the scan when refused (``EPERM`` from seccomp or without ptrace rights, ``ENOSYS``);
+then, as on a simulated tree, every DRM descriptor's fdinfo is read and clients are
+deduplicated by ``(drm-pdev, drm-client-id)`` after reading (:attr:`ProcScan.dedupe` says
+which).  An injected comparator (tests, simulated trees) compares descriptors by number.
 
 A process that vanishes mid-scan, a descriptor closed between listing and reading, or a file
 that cannot be read is skipped and counted in :class:`ScanStats`; none of them stops the scan
@@ -53,9 +61,10 @@ import itertools
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeAlias
+from typing import Literal, Protocol, TypeAlias, TypeVar
 
 from cardshare.fdinfo import FdInfo, parse_fdinfo
 from cardshare.naming import (
@@ -135,6 +144,11 @@ _PDEV_RE = re.compile(rb"^drm-pdev:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 # the generic table, include/uapi/asm-generic/unistd.h, for arm64, riscv64, loongarch64).
 _KCMP_NR = {"x86_64": 312, "aarch64": 272, "arm64": 272, "riscv64": 272, "loongarch64": 272}
 _KCMP_FILE = 0
+# pidfd_getfd(2): 438 in both tables above; CLONE_FILES for unshare(2); PIDFD_THREAD (6.9) is
+# O_EXCL, for a thread's pidfd.
+_PIDFD_GETFD_NR = 438
+_CLONE_FILES = 0x400
+_PIDFD_THREAD = os.O_EXCL
 # Errors that say kcmp cannot be used at all (as opposed to a process or fd being gone).
 _KCMP_REFUSED = frozenset({errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL})
 
@@ -181,6 +195,68 @@ def kcmp_file_order() -> FileOrder | None:
         return answer
 
     return order
+
+
+# Takes a copy of a descriptor of another process: (pidfd, fd) -> our new descriptor.
+TakeFile = Callable[[int, int], int]
+
+
+def _syscalls() -> tuple[Callable[..., int], Callable[[int], int]] | None:
+    """``(syscall, unshare)`` from the C library, or ``None`` where the ABI is not known."""
+    import ctypes
+    import platform
+
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or platform.machine() not in _KCMP_NR:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall, unshare = libc.syscall, libc.unshare
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    unshare.restype = ctypes.c_int
+    unshare.argtypes = [ctypes.c_int]
+
+    def checked_unshare(flags: int) -> int:
+        if unshare(flags) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return 0
+
+    return syscall, checked_unshare
+
+
+def pidfd_take_file() -> TakeFile | None:
+    """``pidfd_getfd(pidfd, fd, 0)`` as a :data:`TakeFile`, or ``None`` on an unknown ABI.
+
+    Raises :class:`DedupeUnavailable` when refused (``EPERM``, ``EACCES``: no ptrace attach
+    right; ``ENOSYS``: before Linux 5.6) and ``OSError`` otherwise (``EBADF``, ``ESRCH``: the
+    descriptor or the process is gone).
+    """
+    import ctypes
+
+    found = _syscalls()
+    if found is None:
+        return None
+    syscall = found[0]
+
+    def take(pidfd: int, fd: int) -> int:
+        ret = int(
+            syscall(
+                ctypes.c_long(_PIDFD_GETFD_NR),
+                ctypes.c_long(pidfd),
+                ctypes.c_long(fd),
+                ctypes.c_long(0),
+            )
+        )
+        if ret < 0:
+            err = ctypes.get_errno()
+            if err in _KCMP_REFUSED and err != errno.EINVAL:
+                raise DedupeUnavailable(os.strerror(err))
+            raise OSError(err, os.strerror(err))
+        return ret
+
+    return take
 
 
 def parse_stat(data: bytes) -> tuple[str, int] | None:
@@ -404,12 +480,61 @@ def _quick_key(data: bytes) -> ClientKey | None:
 
 @dataclass(slots=True)
 class _Rep:
-    """An open file already read: a descriptor holding it and what its fdinfo said."""
+    """An open file already read: a descriptor holding it and what its fdinfo said.
+
+    With kcmp, ``pid`` is the scanning thread and ``fd`` the scan's own descriptor of the file
+    (:class:`_Holder`), so no other process can change what it stands for; with an injected
+    comparator (a simulated tree), the descriptor read and the start time of its process.
+    """
 
     pid: int
     fd: int
     key: ClientKey | None  # None: a DRM descriptor that is not a client
     start_time: int | None
+    held: bool = False
+
+
+class _Holder:
+    """The scan's own references to the open files it read (``pidfd_getfd``).
+
+    Made in the scanning thread, whose descriptor table is its own (``unshare(CLONE_FILES)``,
+    see :func:`_in_own_table`): the files held are in no ``/proc/<pid>/fd`` another scanner
+    walks, and all are closed when the scan ends, at the latest when its thread does.
+    """
+
+    def __init__(self, take: TakeFile) -> None:
+        self.take = take
+        self.tid = threading.get_native_id()
+        # our own fdinfo, where a held file's text is read
+        self.dfd = os.open("/proc/thread-self", _DIR_FLAGS)
+        self.held: list[int] = []
+        self.pidfd: tuple[int, int] | None = None  # (pid, pidfd) of the process being read
+
+    def hold(self, pid: int, fd: int, thread: bool) -> int:
+        """Our descriptor of the open file at ``fd`` of ``pid`` (a thread's id when
+        ``thread``).  Raises :class:`DedupeUnavailable` when refused, ``OSError`` otherwise."""
+        if self.pidfd is None or self.pidfd[0] != pid:
+            self.drop_pidfd()
+            self.pidfd = (pid, os.pidfd_open(pid, _PIDFD_THREAD if thread else 0))
+        held = self.take(self.pidfd[1], fd)
+        self.held.append(held)
+        return held
+
+    def release(self, held: int) -> None:
+        self.held.remove(held)
+        os.close(held)
+
+    def drop_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd[1])
+            self.pidfd = None
+
+    def close(self) -> None:
+        self.drop_pidfd()
+        for held in self.held:
+            os.close(held)
+        self.held.clear()
+        os.close(self.dfd)
 
 
 @dataclass(slots=True)
@@ -429,12 +554,21 @@ _Outcome: TypeAlias = ClientKey | Literal["skip"] | None
 
 class _Scanner:
     def __init__(
-        self, proc_dir: str, is_drm: IsDrm, opener: Opener, order: FileOrder | None
+        self,
+        proc_dir: str,
+        is_drm: IsDrm,
+        opener: Opener,
+        order: FileOrder | None,
+        holder: _Holder | None = None,
     ) -> None:
         self.proc_dir = proc_dir
         self.is_drm = is_drm
         self.opener = opener
         self.order = order
+        self.holder = holder
+        # the representative last matched or read: the next descriptor, of this process or
+        # of the next (a forked child, often the next pid), is compared with it first
+        self.hint: _Rep | None = None
         self.result = ProcScan()
         self.stats = self.result.stats
         # per mount namespace: link target -> is a DRM device
@@ -726,46 +860,134 @@ class _Scanner:
         pending: dict[ClientKey, FdInfo],
         mine: list[_Rep],
         others: set[tuple[int, int | None]],
+        thread: bool = False,
     ) -> list[_Outcome]:
         """Each DRM descriptor's outcome, reading the fdinfo only of open files not read yet.
 
         The open files read here are added to the representatives (and to ``mine``); the
-        holders of those read before, with their start times, to ``others``.
+        holders of those read before by an injected comparator, with their start times, to
+        ``others`` (held representatives need no such check).  ``pid`` is a thread's id when
+        ``thread`` (a zombie leader's descriptors).
         """
         stats = self.stats
         outcomes: list[_Outcome] = []
-        hint: _Rep | None = None
         for fd in drm_fds:
             stats.drm_descriptors += 1
             found: tuple[int, _Rep | None] | None = (-1, None)
             if self.order is not None:
                 try:
-                    found = self.find_rep(pid, int(fd), hint)
+                    found = self.find_rep(pid, int(fd), self.hint)
                 except DedupeUnavailable:
-                    self.order = None
-                    self.result.dedupe = "client-id"
-                    found = (-1, None)
+                    self.stop_dedupe()
             if found is None:
                 stats.vanished += 1
                 continue
             position, rep = found
+            if rep is None and position >= 0 and self.holder is not None:
+                got = self.read_held(pid, int(fd), position, pending, thread)
+                if isinstance(got, _Rep):
+                    rep = got  # the file held was read before, under another descriptor
+                elif got is not None:
+                    outcome, new = got
+                    outcomes.append(outcome)
+                    if new is not None:
+                        mine.append(new)
+                        self.hint = new
+                    continue
+                # None: not held (refused, or no thread pidfd), read through the process
             if rep is not None:
                 stats.fdinfo_reads_saved += 1
                 if rep.key is None:
                     stats.not_clients += 1
-                if rep.pid != pid:
+                if not rep.held and rep.pid != pid:
                     others.add((rep.pid, rep.start_time))
                 outcomes.append(rep.key)
-                hint = rep
+                self.hint = rep
                 continue
             outcome = self.read_fdinfo(pid_dfd, fd, pending)
             outcomes.append(outcome)
-            if outcome != _SKIP and self.order is not None and position >= 0:
+            if outcome != _SKIP and self.order is not None and self.holder is None:
+                # an injected comparator: the descriptor read stands for its file
                 key = outcome if isinstance(outcome, tuple) else None
-                hint = _Rep(pid, int(fd), key, start)
-                self.reps.insert(position, hint)
-                mine.append(hint)
+                self.hint = _Rep(pid, int(fd), key, start)
+                self.reps.insert(position, self.hint)
+                mine.append(self.hint)
         return outcomes
+
+    def stop_dedupe(self) -> None:
+        """Comparing or holding is refused: every DRM fdinfo is read from now on."""
+        self.order = None
+        self.hint = None
+        self.result.dedupe = "client-id"
+
+    def read_held(
+        self, pid: int, fd: int, position: int, pending: dict[ClientKey, FdInfo], thread: bool
+    ) -> tuple[_Outcome, _Rep | None] | _Rep | None:
+        """Hold the open file at ``fd`` of ``pid`` and read its fdinfo through our own
+        descriptor: ``(outcome, new representative)``; an existing representative when the
+        file held turns out to be one read before (``fd`` was given another file since it was
+        compared); ``None`` when holding is refused (the caller reads through the process).
+
+        Holding first, then reading the file held, is what ties the text to the
+        representative: the process may put another file on ``fd`` at any time.
+        """
+        holder = self.holder
+        assert holder is not None
+        stats = self.stats
+        try:
+            held = holder.hold(pid, fd, thread)
+        except DedupeUnavailable:
+            self.stop_dedupe()
+            return None
+        except (ProcessLookupError, FileNotFoundError):
+            stats.vanished += 1
+            return _SKIP, None
+        except OSError as exc:
+            if exc.errno == errno.EBADF:  # closed since it was listed
+                stats.vanished += 1
+                return _SKIP, None
+            return None  # e.g. no thread pidfd before Linux 6.9: read it unheld
+        try:
+            drm = self.is_drm(os.fstat(held))
+        except OSError:
+            drm = False
+        if not drm:  # the descriptor was given a file that is no DRM device since its stat
+            holder.release(held)
+            stats.vanished += 1
+            return _SKIP, None
+        try:
+            position, rep = self.place(holder.tid, held, position)
+        except DedupeUnavailable:
+            self.stop_dedupe()
+            position, rep = -1, None
+        if rep is not None:
+            holder.release(held)
+            return rep
+        outcome = self.read_fdinfo(holder.dfd, str(held), pending)
+        if outcome == _SKIP or position < 0:
+            holder.release(held)
+            return outcome, None
+        key = outcome if isinstance(outcome, tuple) else None
+        new = _Rep(holder.tid, held, key, None, held=True)
+        self.reps.insert(position, new)
+        return outcome, new
+
+    def place(self, tid: int, held: int, position: int) -> tuple[int, _Rep | None]:
+        """Where a held file goes among the representatives, checked against its neighbours
+        (all held, so the answers cannot change): the position the process's descriptor was
+        found at when it still is the file held, else a search with the held file itself."""
+        order = self.order
+        assert order is not None
+        reps = self.reps
+        below = reps[position - 1] if position > 0 else None
+        above = reps[position] if position < len(reps) else None
+        if (below is None or order(tid, held, below.pid, below.fd) > 0) and (
+            above is None or order(tid, held, above.pid, above.fd) < 0
+        ):
+            return position, None
+        found = self.find_rep(tid, held, None)
+        assert found is not None  # our own descriptor is not gone
+        return found
 
     def process(self, pid: int, pid_dfd: int, every_holder: bool) -> None:
         found = self.drm_descriptors(pid, pid_dfd)
@@ -790,12 +1012,18 @@ class _Scanner:
         stats = self.stats
         opener = self.opener
         self.last_text = None
-        # The start time, read once the process is known to matter, through its directory:
+        # The start time, read through its directory when the process is known to matter:
         # the pid and start time name this process in later reads by pid (complete_naming,
         # still_there).  Reads through pid_dfd need no second look: they answer for this
-        # process or fail (module docstring).
-        first = _stat_of(opener, pid_dfd)
-        comm, start = (first[0], first[1]) if first is not None else (None, None)
+        # process or fail (module docstring).  With held representatives it is needed only
+        # for a record, so it is read then.
+        comm: str | None = None
+        start: int | None = None
+        early = self.order is not None and self.holder is None
+        if early:
+            first = _stat_of(opener, pid_dfd)
+            if first is not None:
+                comm, start = first
         # where the descriptors are: the process's directory, or a live thread's
         if thread is None:
             holder, holder_dfd, holder_start = pid, pid_dfd, start
@@ -809,15 +1037,30 @@ class _Scanner:
             read = self.read_fdinfo
             outcomes = [read(holder_dfd, fd, pending) for fd in drm_fds]
         else:
-            outcomes = self.read_unshared(
-                holder, holder_dfd, holder_start, drm_fds, pending, mine, others
-            )
+            try:
+                outcomes = self.read_unshared(
+                    holder,
+                    holder_dfd,
+                    holder_start,
+                    drm_fds,
+                    pending,
+                    mine,
+                    others,
+                    thread is not None,
+                )
+            finally:
+                if self.holder is not None:
+                    self.holder.drop_pidfd()
         keys = [o for o in outcomes if isinstance(o, tuple)]
         info: ProcessInfo | None = None
         dropped = False
         if pending or (every_holder and keys):
             # complete for a process that may name a new client; other holders are
             # completed later if one of them turns out to name (complete_naming)
+            if not early:
+                first = _stat_of(opener, pid_dfd)
+                if first is not None:
+                    comm, start = first
             try:
                 info = _process_info(opener, pid_dfd, pid, comm, start, bool(pending))
             except _ProcessGone:
@@ -827,8 +1070,8 @@ class _Scanner:
             stats.reused += 1  # a holder whose open file answered for ours is not there now
             dropped = True
         if dropped:
-            # keep nothing of these reads
-            mine_ids = {id(rep) for rep in mine}
+            # keep nothing of these reads (a file held stands for itself: it stays)
+            mine_ids = {id(rep) for rep in mine if not rep.held}
             self.reps = [rep for rep in self.reps if id(rep) not in mine_ids]
             return
         clients = self.result.clients
@@ -895,12 +1138,46 @@ class _Scanner:
             raise ScanPermissionError(denied, examined)
 
 
-def _same_proc(opener: Opener, proc_dfd: int) -> bool:
+def _same_proc(proc_dir: str) -> bool:
     """Whether the tree is the ``/proc`` of this PID namespace (kcmp takes its pids)."""
     try:
-        return os.readlink("self", dir_fd=proc_dfd) == str(os.getpid())
+        return os.readlink(os.path.join(proc_dir, "self")) == str(os.getpid())
     except OSError:
         return False
+
+
+_T = TypeVar("_T")
+
+
+def _in_own_table(work: Callable[[bool], _T]) -> _T:
+    """``work(private)`` run in a thread with a descriptor table of its own.
+
+    ``unshare(CLONE_FILES)`` gives the thread a copy of the table: what it opens is in no
+    ``/proc/<pid>/fd`` (that lists the leader's table), and all of it is closed when the
+    thread ends.  ``private`` is false when the kernel refused (the work then holds nothing).
+    """
+    found = _syscalls()
+    outcome: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            private = False
+            if found is not None:
+                try:
+                    private = found[1](_CLONE_FILES) == 0
+                except OSError:
+                    private = False
+            outcome.append(work(private))
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="cardshare-scan")
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def scan_proc(
@@ -931,18 +1208,41 @@ def scan_proc(
     if opener is None:
         opener = os.open  # looked up now: a test may patch it
     proc_dir = os.path.join(root, "proc")
+    if compare == "off":
+        return _scan(proc_dir, is_drm, opener, None, None, every_holder)
+    if compare != "auto":
+        return _scan(proc_dir, is_drm, opener, compare, None, every_holder)
+    order = kcmp_file_order() if _same_proc(proc_dir) else None
+    take = pidfd_take_file() if order is not None else None
+    if order is None or take is None:
+        return _scan(proc_dir, is_drm, opener, None, None, every_holder)
+    kcmp, getfd = order, take
+
+    def held_scan(private: bool) -> ProcScan:
+        if not private:  # files held would show in this process's fd/: compare nothing
+            return _scan(proc_dir, is_drm, opener, None, None, every_holder)
+        holder = _Holder(getfd)
+        try:
+            return _scan(proc_dir, is_drm, opener, kcmp, holder, every_holder)
+        finally:
+            holder.close()
+
+    return _in_own_table(held_scan)
+
+
+def _scan(
+    proc_dir: str,
+    is_drm: IsDrm,
+    opener: Opener,
+    order: FileOrder | None,
+    holder: _Holder | None,
+    every_holder: bool,
+) -> ProcScan:
     proc_dfd = opener(proc_dir, _DIR_FLAGS)
     try:
-        order: FileOrder | None
-        if compare == "off":
-            order, dedupe = None, "client-id"
-        elif compare == "auto":
-            order = kcmp_file_order() if _same_proc(opener, proc_dfd) else None
-            dedupe = "kcmp" if order is not None else "client-id"
-        else:
-            order, dedupe = compare, "compare"
-        scanner = _Scanner(proc_dir, is_drm, opener, order)
-        scanner.result.dedupe = dedupe
+        scanner = _Scanner(proc_dir, is_drm, opener, order, holder)
+        if order is not None:
+            scanner.result.dedupe = "kcmp" if holder is not None else "compare"
         stats = scanner.stats
         pids = sorted(int(name) for name in os.listdir(proc_dfd) if name.isdigit())
         for pid in pids:

@@ -57,7 +57,7 @@ def _exiting_opener(victim: Path) -> Callable[..., int]:
 
     def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         fd = os.open(path, flags, mode, dir_fd=dir_fd)
-        where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else ""
+        where = os.readlink(f"/proc/thread-self/fd/{dir_fd}") if dir_fd is not None else ""
         if path == "fdinfo/3" and where == str(victim):
             for name in ("cmdline", "cgroup"):
                 (victim / name).unlink()

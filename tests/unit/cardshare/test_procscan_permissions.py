@@ -23,7 +23,11 @@ def _denying(root: str, pids: set[int]) -> Callable[..., int]:
     denied = {f"{root}/proc/{pid}" for pid in pids}
 
     def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
-        if path == "fd" and dir_fd is not None and os.readlink(f"/proc/self/fd/{dir_fd}") in denied:
+        if (
+            path == "fd"
+            and dir_fd is not None
+            and os.readlink(f"/proc/thread-self/fd/{dir_fd}") in denied
+        ):
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return os.open(path, flags, mode, dir_fd=dir_fd)
 

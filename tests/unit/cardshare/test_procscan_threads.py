@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_procscan_reuse import standin_opener
 
 from cardshare.procscan import _leader_exited, parse_stat, scan_proc
 
@@ -79,22 +80,6 @@ def test_the_kernel_shows_a_zombie_leaders_descriptors_only_under_its_threads(
     assert not _leader_exited(Path("/proc/self/stat").read_bytes())
 
 
-def _xe_text_for(pid: int, text: Path) -> Callable[..., int]:
-    """An opener that reads ``text`` for the fdinfo of the child's descriptors: simulation
-    at the fdinfo edge (a stand-in file's own fdinfo names no DRM client)."""
-
-    def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
-        if path.startswith("fdinfo/") and dir_fd is not None:
-            where = os.readlink(f"/proc/self/fd/{dir_fd}")
-            if where == f"/proc/{pid}" or where.startswith(f"/proc/{pid}/task/"):
-                real = os.open(path, flags, mode, dir_fd=dir_fd)  # fails as the real one would
-                os.close(real)
-                return os.open(text, flags)
-        return os.open(path, flags, mode, dir_fd=dir_fd)
-
-    return opener
-
-
 @pytest.mark.parametrize(("compare", "reads", "saved"), [("auto", 1, 1), ("off", 2, 0)])
 def test_a_zombie_leaders_clients_are_found_under_its_live_thread(
     zombie_leader: tuple[int, Path],
@@ -110,9 +95,9 @@ def test_a_zombie_leaders_clients_are_found_under_its_live_thread(
     def is_standin(st: os.stat_result) -> bool:
         return (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
 
-    text = tmp_path / "xe-fdinfo"
-    text.write_text(rec_make_fdinfo(77, PDEV, vram="24 MiB"))
-    scan = scan_proc("/", is_standin, opener=_xe_text_for(pid, text), compare=compare)  # type: ignore[arg-type]
+    # simulation at the fdinfo edge: the stand-in's fdinfo read as an xe client's
+    opener = standin_opener({target.st_ino: rec_make_fdinfo(77, PDEV, vram="24 MiB")})
+    scan = scan_proc("/", is_standin, opener=opener, compare=compare)  # type: ignore[arg-type]
     if compare == "auto" and scan.dedupe != "kcmp":
         pytest.skip(f"kcmp is refused here (dedupe {scan.dedupe})")
     client = scan.clients[(PDEV, 77)]
