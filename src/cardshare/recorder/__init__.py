@@ -51,9 +51,12 @@ Snapshot schema (``schema`` 1)::
           "vram_used_bytes": 30000000000,       # all DRM clients: private bytes summed,
                                                 # shared buffers counted once (see below)
           "vram_shared_bytes": 16777216,        # the shared part counted in vram_used_bytes
-          "clients": [                          # one entry per name, sorted by name
+          "clients": [                          # one entry per name and kind, sorted so
             {
               "name": "llm/vllm",               # compose project/service, container, rule, comm
+              "kind": "container",              # named by a process in a container, else
+                                                # "process" (a host process): two clients
+                                                # of one name and different kinds stay two
               "vram_bytes": 29000000000,        # resident VRAM regions (xe vram*, i915 local*,
                                                 # amdgpu vram), shared buffers included
               "vram_shared_bytes": 16777216,    # part of it shared with another DRM file

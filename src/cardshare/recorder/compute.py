@@ -186,8 +186,8 @@ def build_snapshot(
     processes: Mapping[int, ProcessInfo] = scan.processes
 
     state_clients: dict[str, Counters] = {}
-    # card -> name -> aggregate
-    groups: dict[str, dict[str, JsonDict]] = {}
+    # card -> (name, kind) -> aggregate
+    groups: dict[str, dict[tuple[str, str], JsonDict]] = {}
     # card -> VRAM of all its DRM clients: private bytes summed, shared bytes counted once
     card_memory: dict[str, dict[str, int]] = {}
     for (pdev, client_id), client in sorted(scan.clients.items()):
@@ -202,10 +202,14 @@ def build_snapshot(
         }
         state_clients[key] = {**held, "capacity": capacity} if capacity else held
         name, named_by = _name_of_client(client, names, processes)
+        proc = processes.get(named_by)  # a broker's comm and container are not the client's
+        # a container and a host process of one name are two clients
+        kind = "container" if proc is not None and proc.container is not None else "process"
         group = groups.setdefault(pdev, {}).setdefault(
-            name,
+            (name, kind),
             {
                 "name": name,
+                "kind": kind,
                 "vram_bytes": 0,
                 "system_bytes": 0,
                 "gtt_bytes": 0,
@@ -230,7 +234,6 @@ def build_snapshot(
             group["_engines"].setdefault(cls, []).append(ratio)
         group["drm_client_ids"].append(client_id)
         group["pids"].update(client.pids)
-        proc = processes.get(named_by)  # a broker's comm and container are not the client's
         if proc is not None:
             if proc.container is not None:
                 group["containers"].add(proc.container.id)
@@ -243,11 +246,12 @@ def build_snapshot(
         card = cards.get(pdev, CardInfo())
         used = card_memory.get(pdev, {"private": 0, "shared": 0})
         clients_out = []
-        for name in sorted(groups.get(pdev, {})):
-            g = groups[pdev][name]
+        for group_key in sorted(groups.get(pdev, {})):
+            g = groups[pdev][group_key]
             clients_out.append(
                 {
-                    "name": name,
+                    "name": g["name"],
+                    "kind": g["kind"],
                     "vram_bytes": g["vram_bytes"],
                     "system_bytes": g["system_bytes"],
                     "gtt_bytes": g["gtt_bytes"],

@@ -421,7 +421,9 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
         )
         samples["cardshare_card_clients"].append(f"{card_labels} {len(card['clients'])}")
         for client in card["clients"]:
-            labels = _labels(client=client["name"], card=pdev)
+            # a container and a host process of one name are two series (kind)
+            kind = str(client.get("kind", "process"))
+            labels = _labels(client=client["name"], kind=kind, card=pdev)
             for key, metric in (
                 ("vram_bytes", "cardshare_client_vram_bytes"),
                 ("vram_shared_bytes", "cardshare_client_vram_shared_bytes"),
@@ -436,7 +438,7 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
                 if ratio is None:
                     continue
                 samples["cardshare_client_engine_busy_ratio"].append(
-                    f"{_labels(client=client['name'], card=pdev, engine=engine)} {ratio}"
+                    f"{_labels(client=client['name'], kind=kind, card=pdev, engine=engine)} {ratio}"
                 )
             for client_id in client["drm_client_ids"]:
                 _counter_samples(

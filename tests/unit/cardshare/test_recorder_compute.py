@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from cardshare.fdinfo import parse_fdinfo
+from cardshare.naming import DEFAULT_RULES, ContainerRef
 from cardshare.procscan import ProcessInfo, scan_proc
 from cardshare.recorder import read_cards, sample
 from cardshare.recorder.compute import (
@@ -19,6 +20,7 @@ from cardshare.recorder.compute import (
     iso_utc,
     usable_previous,
 )
+from cardshare.recorder.output import prometheus_text
 
 S = 1_000_000_000  # ns per second
 
@@ -196,6 +198,7 @@ def test_snapshot_aggregates_by_name(rec_tree: Any, rec_make_fdinfo: Callable[..
     llm, plex = card["clients"]
     assert llm == {
         "name": "llm",
+        "kind": "process",
         "vram_bytes": 4 * 1024**2,
         "system_bytes": 0,
         "gtt_bytes": 2 * 192 * 1024,
@@ -285,4 +288,38 @@ def test_a_broker_holding_the_descriptor_does_not_name_the_client(
         "gnome-shell",
         ["gnome-shell"],
         [812, 2301],
+    )
+
+
+def test_a_container_and_a_host_process_of_one_name_stay_two_clients(
+    rec_tree: Any, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """Issue 30: Plex in a container named ``plex`` and a host program whose comm is ``plex``
+    were one client (their memory summed, their pids mixed): clients are keyed by kind and
+    name, and the textfile keeps them two series (label ``kind``)."""
+    t = rec_tree
+    t.card("0000:03:00.0")
+    box = "0::/system.slice/docker-" + "cd" * 32 + ".scope\n"
+    t.process(100, comm="Plex Transcoder", cgroup=box)
+    t.drm_fd(100, 3, rec_make_fdinfo(1, vram="1 MiB"))
+    t.process(200, comm="plex")
+    t.drm_fd(200, 3, rec_make_fdinfo(2, vram="3 MiB"))
+
+    def resolver(ref: ContainerRef) -> str | None:
+        return "plex" if ref.id == "cd" * 32 else None
+
+    snapshot, _ = sample(str(t.root), DEFAULT_RULES, resolver, None, 10 * S, is_drm=t.is_drm)
+    clients = snapshot["cards"]["0000:03:00.0"]["clients"]
+    assert [(c["name"], c["kind"], c["pids"], c["vram_bytes"]) for c in clients] == [
+        ("plex", "container", [100], 1024**2),
+        ("plex", "process", [200], 3 * 1024**2),
+    ]
+    text = prometheus_text(snapshot)
+    assert (
+        'cardshare_client_vram_bytes{client="plex",kind="container",card="0000:03:00.0"} 1048576'
+        in text
+    )
+    assert (
+        'cardshare_client_vram_bytes{client="plex",kind="process",card="0000:03:00.0"} 3145728'
+        in text
     )

@@ -173,6 +173,7 @@ def test_prometheus_text() -> None:
                 "clients": [
                     {
                         "name": 'odd"name',
+                        "kind": "container",
                         "vram_bytes": 40,
                         "system_bytes": 1,
                         "gtt_bytes": 2,
@@ -183,7 +184,7 @@ def test_prometheus_text() -> None:
             }
         },
     }
-    c = 'client="odd\\"name",card="0000:03:00.0"'
+    c = 'client="odd\\"name",kind="container",card="0000:03:00.0"'
     card = 'card="0000:03:00.0",driver="xe"'
     assert prometheus_text(snapshot).splitlines() == [
         "# HELP cardshare_scan_timestamp_seconds Time of the last recorder scan (Unix seconds).",
@@ -310,8 +311,8 @@ def test_run_scan_twice(rec_tree: Any, rec_make_fdinfo: Callable[..., str], tmp_
     assert sorted(os.listdir(data / "history")) == ["2026-09.jsonl"]
     assert sorted(os.listdir(data)) == ["current.json", "history", "scan.lock", "state.json"]
     assert (
-        'cardshare_client_engine_busy_ratio{client="plex",card="0000:03:00.0",engine="vcs"} 0.1'
-        in (textfile.read_text())
+        'cardshare_client_engine_busy_ratio{client="plex",kind="process",card="0000:03:00.0",'
+        'engine="vcs"} 0.1' in (textfile.read_text())
     )
 
 
