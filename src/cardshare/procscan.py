@@ -39,7 +39,10 @@ real ``/proc`` of this PID namespace (``<root>/proc/self`` is this process) and 
 rest of the scan when refused (``EPERM`` from seccomp or without ptrace rights, ``ENOSYS``);
 then, as on a simulated tree, every DRM descriptor's fdinfo is read and clients are
 deduplicated by ``(drm-pdev, drm-client-id)`` after reading (:attr:`ProcScan.dedupe` says
-which).  An injected comparator (tests, simulated trees) compares descriptors by number.
+which).  Where ``unshare`` is refused (Docker's default seccomp profile without
+``CAP_SYS_ADMIN``) nothing is held: files held in the process's own table would make a
+concurrent scanner count this process as a holder of every client, so every DRM fdinfo is
+read instead.  An injected comparator (tests, simulated trees) compares descriptors by number.
 
 A process that vanishes mid-scan, a descriptor closed between listing and reading, or a file
 that cannot be read is skipped and counted in :class:`ScanStats`; none of them stops the scan
