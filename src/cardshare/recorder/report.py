@@ -39,6 +39,7 @@ class ClientMonth:
 
     name: str
     card: str
+    kind: str = "process"  # "container" or "process" (a host process); lines before: process
     scans: int = 0
     present_seconds: float = 0.0
     active_seconds: dict[str, float] = field(default_factory=dict)
@@ -49,6 +50,7 @@ class ClientMonth:
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "kind": self.kind,
             "card": self.card,
             "scans": self.scans,
             "minutes_present": round(self.present_seconds / 60, 2),
@@ -68,7 +70,7 @@ class MonthReport:
     skipped_lines: int = 0
     first: str | None = None
     last: str | None = None
-    clients: dict[tuple[str, str], ClientMonth] = field(default_factory=dict)
+    clients: dict[tuple[str, str, str], ClientMonth] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -173,8 +175,11 @@ def build_report(
             for client in clients if isinstance(clients, list) else []:
                 if not isinstance(client, dict) or not isinstance(client.get("name"), str):
                     continue
+                # a container and a host process of one name are two clients
+                kind = client.get("kind")
+                kind = kind if kind in ("container", "process") else "process"
                 entry = report.clients.setdefault(
-                    (client["name"], card), ClientMonth(client["name"], card)
+                    (client["name"], card, kind), ClientMonth(client["name"], card, kind)
                 )
                 vram = client.get("vram_bytes")
                 vram = vram if isinstance(vram, int) else 0
@@ -206,7 +211,15 @@ def format_report(report: MonthReport) -> str:
     if not report.clients:
         lines.append("no clients recorded")
         return "\n".join(lines) + "\n"
-    header = ("CLIENT", "CARD", "PRESENT MIN", "ACTIVE MIN PER ENGINE", "VRAM PEAK", "VRAM MEAN")
+    header = (
+        "CLIENT",
+        "KIND",
+        "CARD",
+        "PRESENT MIN",
+        "ACTIVE MIN PER ENGINE",
+        "VRAM PEAK",
+        "VRAM MEAN",
+    )
     rows = [header]
     for key in sorted(report.clients):
         c = report.clients[key]
@@ -215,6 +228,7 @@ def format_report(report: MonthReport) -> str:
         rows.append(
             (
                 c.name,
+                c.kind,
                 c.card,
                 f"{c.present_seconds / 60:.1f}",
                 active or "-",

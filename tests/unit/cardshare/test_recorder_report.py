@@ -49,6 +49,7 @@ def test_report_minutes_and_vram() -> None:
         "clients": [
             {
                 "name": "plex",
+                "kind": "process",
                 "card": "0000:03:00.0",
                 "scans": 4,
                 "minutes_present": 4.0,  # 0 + 60 + 60 + 120 s
@@ -78,8 +79,10 @@ def test_report_sorts_lines_by_time() -> None:
         (
             [snap(0, None, [plex(0.0, 0)]), snap(60, 60, [plex(0.25, GIB)])],
             "month 2026-09: 2 scans from t0 to t60\n"
-            "CLIENT  CARD          PRESENT MIN  ACTIVE MIN PER ENGINE  VRAM PEAK  VRAM MEAN\n"
-            "plex    0000:03:00.0  1.0          vcs=1.0 vecs=0.0       1.00 GiB   0.50 GiB\n",
+            "CLIENT  KIND     CARD          PRESENT MIN  ACTIVE MIN PER ENGINE  VRAM PEAK"
+            "  VRAM MEAN\n"
+            "plex    process  0000:03:00.0  1.0          vcs=1.0 vecs=0.0       1.00 GiB "
+            "  0.50 GiB\n",
         ),
     ],
 )
@@ -97,6 +100,7 @@ def test_report_ignores_odd_clients() -> None:
     assert report.as_dict()["clients"] == [
         {
             "name": "x",
+            "kind": "process",
             "card": "a",
             "scans": 1,
             "minutes_present": 0.0,
@@ -105,4 +109,24 @@ def test_report_ignores_odd_clients() -> None:
             "vram_peak_bytes": 0,
             "vram_mean_bytes": 0,
         }
+    ]
+
+
+def test_a_container_and_a_host_process_of_one_name_are_two_rows() -> None:
+    """Issue 30: the month's report keeps apart what the snapshot keeps apart (kind)."""
+    doc = {
+        "timestamp_unix": 1,
+        "cards": {
+            "c": {
+                "clients": [
+                    {"name": "plex", "kind": "container", "vram_bytes": 1},
+                    {"name": "plex", "kind": "process", "vram_bytes": 3},
+                ]
+            }
+        },
+    }
+    report = build_report("2026-09", [doc])
+    assert sorted((k, c.vram_peak) for k, c in report.clients.items()) == [
+        (("plex", "c", "container"), 1),
+        (("plex", "c", "process"), 3),
     ]
