@@ -518,7 +518,12 @@ class _Holder:
         ``thread``).  Raises :class:`DedupeUnavailable` when refused, ``OSError`` otherwise."""
         if self.pidfd is None or self.pidfd[0] != pid:
             self.drop_pidfd()
-            self.pidfd = (pid, os.pidfd_open(pid, _PIDFD_THREAD if thread else 0))
+            try:
+                self.pidfd = (pid, os.pidfd_open(pid, _PIDFD_THREAD if thread else 0))
+            except OSError as exc:
+                if exc.errno in (errno.ENOSYS, errno.EPERM):  # before Linux 5.3, seccomp
+                    raise DedupeUnavailable(os.strerror(exc.errno)) from None
+                raise
         held = self.take(self.pidfd[1], fd)
         self.held.append(held)
         return held

@@ -15,6 +15,7 @@ prints, with the stand-in's own client id (:func:`standin_opener`).  Processes, 
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -219,6 +220,24 @@ def test_holding_refused_reads_every_descriptor(
         return take
 
     monkeypatch.setattr(procscan, "pidfd_take_file", refused)
+    texts = {s.x_ino: rec_make_fdinfo(1, PDEV), s.y_ino: rec_make_fdinfo(2, PDEV)}
+    scan = scan_proc("/", s.is_standin, opener=standin_opener(texts))
+    assert scan.dedupe == "client-id"
+    assert {key: client.pids for key, client in scan.clients.items()} == {(PDEV, 2): {s.a, s.c}}
+    assert (scan.stats.fdinfo_reads, scan.stats.fdinfo_reads_saved) == (2, 0)
+
+
+def test_no_pidfd_reads_every_descriptor(
+    swapping_processes: Swap, rec_make_fdinfo: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel before 5.3 (``ENOSYS``) or a filter refusing ``pidfd_open``: as above."""
+    s = swapping_processes
+    s.swap()
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
     texts = {s.x_ino: rec_make_fdinfo(1, PDEV), s.y_ino: rec_make_fdinfo(2, PDEV)}
     scan = scan_proc("/", s.is_standin, opener=standin_opener(texts))
     assert scan.dedupe == "client-id"
