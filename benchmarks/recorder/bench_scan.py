@@ -325,16 +325,27 @@ def nvtop_like(is_drm: Callable[[os.stat_result], bool], order: FileOrder) -> tu
 
 
 def timed(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """The median seconds of each runner, run side by side; the order rotates each round."""
+    """The median seconds of each runner, run side by side; the order rotates each round.
+
+    Wall time; :data:`CPU` gets the median CPU time of this process (user and system, every
+    thread) for the same runs, the fairer figure on a loaded machine.
+    """
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
         k = r % len(names)
         for which in names[k:] + names[:k]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             runs[which]()
             times[which].append(time.perf_counter() - start)
+            cpu[which].append(time.process_time() - start_cpu)
+    CPU.clear()
+    CPU.update({name: statistics.median(values) for name, values in cpu.items()})
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+CPU: dict[str, float] = {}  # the CPU medians of the last :func:`timed`
 
 
 def fork_holders(
@@ -442,6 +453,11 @@ def real_part(
                 f"nvtop-like scanner (goal <= 1.0x with the dedupe); fdinfo reads "
                 f"{st.fdinfo_reads}, saved {st.fdinfo_reads_saved} (dedupe {scans[mode].dedupe!r})"
             )
+        print(
+            "  CPU time (median, this process): "
+            + ", ".join(f"{name} {CPU[name] * 1e3:.1f} ms" for name in CPU)
+            + f"; scan with the dedupe {CPU['auto'] / CPU['nvtop']:.2f}x the nvtop-like scanner"
+        )
         print(f"  a stand-in read by path costs {b / len(paths) * 1e6:.1f} us here")
     finally:
         os.close(hold_w)
