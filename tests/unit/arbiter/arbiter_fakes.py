@@ -242,7 +242,8 @@ class FakeContainers:
         self._really_start(role)
 
     async def logs_tail(self, role: Role, lines: int = 50) -> str:
-        return self.w.container(role).logs
+        """Docker's ``tail``: the last ``lines`` lines, not the whole log."""
+        return "".join(self.w.container(role).logs.splitlines(keepends=True)[-lines:])
 
 
 class FakeCard:
