@@ -119,11 +119,6 @@ def is_insufficient_vram_error(text: str) -> bool:
     return classify_error(text) is ErrorKind.INSUFFICIENT_VRAM
 
 
-def should_retry_for_vram(text: str, attempts_made: int) -> bool:
-    """Retry (after reclaiming memory) only for VRAM errors and only up to three attempts."""
-    return is_insufficient_vram_error(text) and attempts_made < VRAM_MAX_ATTEMPTS
-
-
 def oom_killed_message(container: str) -> str:
     """The wording for a container that Docker reports as ``State.OOMKilled``."""
     return (

@@ -17,7 +17,6 @@ from cardshare.errors import (
     is_insufficient_vram_error,
     matched_pattern,
     oom_killed_message,
-    should_retry_for_vram,
 )
 
 POSITIVES = [
@@ -126,19 +125,6 @@ def test_positives(text: str, pattern: str) -> None:
 def test_negatives(text: str) -> None:
     assert classify_error(text) is ErrorKind.OTHER
     assert not is_insufficient_vram_error(text)
-
-
-@pytest.mark.parametrize(
-    ("text", "attempts", "expected"),
-    [
-        ("XPU out of memory", 1, True),
-        ("XPU out of memory", 2, True),
-        ("XPU out of memory", 3, False),
-        ("model not found", 1, False),
-    ],
-)
-def test_retry_at_most_three_attempts(text: str, attempts: int, expected: bool) -> None:
-    assert should_retry_for_vram(text, attempts) is expected
 
 
 def test_classify_rejects_non_text() -> None:
