@@ -21,7 +21,7 @@ Linear time. Every pattern is searched on an ASCII lower-cased copy of the text,
 a literal (so the regex engine skips to candidates at string-search speed) and has a bounded
 length; the arbiter's loop waits on this, so no input may make it slow (the unbounded
 ``.*`` of an earlier free-memory pattern took seconds on one long line).
-``benchmarks/arbiter/bench_classifier.py`` measures it against that earlier classifier.
+``benchmarks/classifier/bench_classifier.py`` measures it against that earlier classifier.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from enum import StrEnum
 # when an operation fails for insufficient VRAM; no unbounded retry loop.
 VRAM_MAX_ATTEMPTS = 3
 
-# How much of a failed start's log is classified: its last 256 KiB. A real vLLM KV-cache
-# start failure is about 170 lines, 20-30 KB, with the root cause about 13 KB from the end;
-# a tensor-parallel start prints one worker traceback each, several times that. 256 KiB holds
-# about ten such logs and classifies in a few milliseconds (the benchmark), while the memory
-# it costs the arbiter is bounded whatever the container printed.
+# How much of a failed start's log is classified: its last 256 KiB. A real vLLM 0.32 KV-cache
+# start failure is 167 lines, 20 KB, its cause printed 7.1 KB and 4.4 KB from the end (61
+# lines up); a tensor-parallel start prints one traceback a worker, several times that.
+# 256 KiB holds about ten such logs and classifies in 1-19 ms of CPU (the benchmark's shapes),
+# and bounds what the arbiter holds whatever the container printed.
 LOG_WINDOW_BYTES = 256 * 1024
 
 
