@@ -300,6 +300,14 @@ ModuleNotFoundError: No module named 'comfy_extras.nodes_hidream'
         ("WARNING:root:insufficient VRAM for the fast path, using the slow one\n", ""),
         ("[W1204 04:40:12.000000000 alloc.cpp:80] XPU out of memory, retrying\n", ""),
     ],
+    ids=[
+        "comfyui-vae-then-import-error",
+        "comfyui-timestamped",
+        "vllm-warning-prefix",
+        "python-logging",
+        "logging-default-format",
+        "pytorch-cpp",
+    ],
 )
 def test_a_warning_never_decides(tail: str, error: str) -> None:
     """Each of these tails was read as insufficient VRAM before: the warning's memory words
