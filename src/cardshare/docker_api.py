@@ -1,7 +1,8 @@
 """A minimal Docker Engine API client over the unix socket (standard library only).
 
 Only what the arbiter needs: list containers by label, inspect, start, stop with a
-timeout, and the tail of a container's logs. Blocking calls: async callers run them in a
+timeout, and the end of a container's logs (a tail in lines, or the last bytes of one start's
+output, read as a stream in bounded memory). Blocking calls: async callers run them in a
 thread (``asyncio.to_thread``).
 """
 
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 API_VERSION = "v1.41"  # Docker 20.10 and newer accept it
+_CHUNK = 64 * 1024  # a streamed answer is read this much at a time
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
 
@@ -117,14 +121,104 @@ def demux_logs(raw: bytes) -> str:
     return b"".join(out).decode("utf-8", "replace")
 
 
+_START_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def logs_since(started_at: str) -> str | None:
+    """Pure: an inspect ``StartedAt`` as the logs API's ``since`` (``seconds.nanoseconds``,
+    exact), or None for an empty value, one that does not parse, or Docker's "never"."""
+    found = _START_RE.fullmatch(started_at)
+    if found is None or started_at.startswith("0001-"):
+        return None
+    zone = "+00:00" if found[3] == "Z" else found[3]
+    whole = datetime.fromisoformat(found[1] + zone)
+    return f"{int(whole.timestamp())}.{(found[2] or '').ljust(9, '0')}"
+
+
+class LogWindow:
+    """The last ``max_bytes`` of a container's output, fed the Engine's log stream in chunks as
+    they arrive: multiplexed frames (8-byte headers) or a TTY container's raw text (told apart
+    by the first header, as :func:`demux_logs` does). It holds at most twice ``max_bytes``
+    whatever the stream's length. :meth:`text` starts at a line's start when the front was
+    cut (a partial first line is dropped)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be 1 or more, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._kept = bytearray()
+        self._header = bytearray()  # a frame header not yet whole
+        self._left = 0  # payload bytes of the current frame still to come
+        self._raw: bool | None = None  # undecided until the first header
+        self._cut = False
+
+    def _keep(self, data: bytes | bytearray | memoryview) -> None:
+        self._kept += data
+        if len(self._kept) > 2 * self.max_bytes:
+            del self._kept[: len(self._kept) - self.max_bytes]
+            self._cut = True
+
+    @property
+    def held(self) -> int:
+        """Bytes held now (at most twice ``max_bytes``)."""
+        return len(self._kept) + len(self._header)
+
+    def feed(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        pos = 0
+        while pos < len(view):
+            if self._raw:
+                self._keep(view[pos:])
+                return
+            if self._left:
+                take = min(self._left, len(view) - pos)
+                self._keep(view[pos : pos + take])
+                pos += take
+                self._left -= take
+                continue
+            need = 8 - len(self._header)
+            self._header += view[pos : pos + need]
+            pos += need
+            if len(self._header) < 8:
+                return
+            header = bytes(self._header)
+            self._header.clear()
+            if header[0] not in (0, 1, 2) or header[1:4] != b"\x00\x00\x00":
+                # not a frame: a TTY's raw text (or, mid-stream, no longer frames): kept as is
+                self._raw = True
+                self._keep(header)
+                continue
+            self._raw = False
+            self._left = int.from_bytes(header[4:8], "big")
+
+    def text(self) -> str:
+        """What was kept, decoded (UTF-8, undecodable bytes replaced)."""
+        if self._raw is None and self._header:  # raw text shorter than a frame header
+            self._keep(self._header)
+            self._header.clear()
+        data = bytes(self._kept[-self.max_bytes :])
+        if self._cut or len(self._kept) > self.max_bytes:
+            newline = data.find(b"\n")
+            if 0 <= newline < len(data) - 1:
+                data = data[newline + 1 :]
+        return data.decode("utf-8", "replace")
+
+
 class DockerClient:
     def __init__(self, socket_path: str = "/var/run/docker.sock", timeout: float = 30.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
 
     def _request(
-        self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 0.0
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None = None,
+        timeout: float = 0.0,
+        sink: Callable[[bytes], None] | None = None,
     ) -> tuple[int, bytes]:
+        """(status, body); with ``sink``, a 200 answer's body goes to it in chunks instead (the
+        body returned is empty) and an error's body is read up to 64 KiB."""
         url = f"/{API_VERSION}{path}"
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -132,7 +226,13 @@ class DockerClient:
         try:
             conn.request(method, url, headers={"Host": "docker"})
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            if sink is None:
+                return resp.status, resp.read()
+            if resp.status != 200:
+                return resp.status, resp.read(_CHUNK)
+            while chunk := resp.read(_CHUNK):
+                sink(chunk)
+            return resp.status, b""
         except (OSError, http.client.HTTPException) as exc:
             # refused, reset, timed out (a hang), or an answer that is not HTTP (garbage)
             raise DockerError(
@@ -241,6 +341,28 @@ class DockerClient:
         if status != 200:
             raise self._fail("GET", path, status, body)
         return demux_logs(body)
+
+    def logs_window(self, container_id: str, max_bytes: int, since: str = "") -> str:
+        """The last ``max_bytes`` of the container's output (stdout and stderr as written),
+        from whole lines, of its start at ``since`` (an inspect ``StartedAt``; the output of
+        earlier starts, a restart policy's, is left out) or of all starts when ``since`` is
+        empty or "never".
+
+        Docker's ``tail`` counts lines only: ``max_bytes // 16`` lines are asked for (the
+        window in bytes, unless lines average under 16 bytes) and the answer is read as a
+        stream through a :class:`LogWindow`, so a log of long lines costs reading, never
+        memory.
+        """
+        path = f"/containers/{container_id}/logs"
+        query = {"stdout": "1", "stderr": "1", "tail": str(max(1, max_bytes // 16))}
+        start = logs_since(since)
+        if start is not None:
+            query["since"] = start
+        window = LogWindow(max_bytes)
+        status, body = self._request("GET", path, query, sink=window.feed)
+        if status != 200:
+            raise self._fail("GET", path, status, body)
+        return window.text()
 
 
 def _json_list(body: bytes, what: str) -> list[dict[str, Any]]:

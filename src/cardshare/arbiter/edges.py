@@ -40,7 +40,10 @@ class Containers(Protocol):
     async def start(self, role: Role) -> None: ...
     async def stop(self, role: Role, timeout_seconds: int) -> None: ...
     async def restart(self, role: Role, timeout_seconds: int) -> None: ...
-    async def logs_tail(self, role: Role, lines: int = 50) -> str: ...
+    async def logs_tail(self, role: Role, max_bytes: int, since: str = "") -> str:
+        """The last ``max_bytes`` of the container's output, from a line's start, of its start
+        at ``since`` (its inspect ``StartedAt``; empty: of all its starts)."""
+        ...
 
 
 class LlmApi(Protocol):
@@ -114,8 +117,10 @@ class DockerContainers:
     async def restart(self, role: Role, timeout_seconds: int) -> None:
         await asyncio.to_thread(self.client.restart, await self._id(role), timeout_seconds)
 
-    async def logs_tail(self, role: Role, lines: int = 50) -> str:
-        return await asyncio.to_thread(self.client.logs_tail, await self._id(role), lines)
+    async def logs_tail(self, role: Role, max_bytes: int, since: str = "") -> str:
+        return await asyncio.to_thread(
+            self.client.logs_window, await self._id(role), max_bytes, since
+        )
 
 
 # refused, reset, timed out (a hang), a broken or non-HTTP answer (garbage)

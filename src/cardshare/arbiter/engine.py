@@ -85,6 +85,7 @@ from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
 from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import ContainerState, DockerError, docker_time
 from cardshare.errors import (
+    LOG_WINDOW_BYTES,
     VRAM_MAX_ATTEMPTS,
     ErrorKind,
     classify_tail,
@@ -325,20 +326,21 @@ class Engine:
             return None
         if st.oom_killed:
             return ContainerFailure(FailureKind.OOM_KILLED, oom_killed_message(st.name or role))
-        try:
-            tail = await self.containers.logs_tail(role)
+        try:  # the last start's output, bounded in bytes: the cause is mid-log in real vLLM
+            tail = await self.containers.logs_tail(role, LOG_WINDOW_BYTES, since=st.started_at)
         except DockerError:
             tail = ""
-        # the tail as a whole: a message wrapped over two lines still matches
+        # the log as a whole: a message wrapped over two lines still matches
         verdict = classify_tail(tail)
         if verdict.kind is ErrorKind.INSUFFICIENT_VRAM:
             return ContainerFailure(
                 FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {verdict.excerpt[:400]}"
             )
         status = st.status or "not running"
+        error = f": {verdict.excerpt[:400]}" if verdict.excerpt else ""
         return ContainerFailure(
             FailureKind.EXITED,
-            f"container {st.name or role} is {status} (exit code {st.exit_code})",
+            f"container {st.name or role} is {status} (exit code {st.exit_code}){error}",
         )
 
     def _others_on_card(self) -> str:

@@ -241,8 +241,15 @@ class FakeContainers:
         c.running = False
         self._really_start(role)
 
-    async def logs_tail(self, role: Role, lines: int = 50) -> str:
-        return self.w.container(role).logs
+    async def logs_tail(self, role: Role, max_bytes: int, since: str = "") -> str:
+        """The real edge's window: the last ``max_bytes`` of the output (UTF-8), from a line's
+        start when cut, not the whole log. ``logs`` is the output of the container's last start
+        (what ``since`` at its StartedAt selects)."""
+        data = self.w.container(role).logs.encode()
+        if len(data) > max_bytes:
+            data = data[-max_bytes:]
+            data = data[data.find(b"\n") + 1 :] if b"\n" in data[:-1] else data
+        return data.decode("utf-8", "replace")
 
 
 class FakeCard:

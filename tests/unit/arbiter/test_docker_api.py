@@ -17,7 +17,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from cardshare.docker_api import ContainerState, DockerClient, DockerError, demux_logs
+from cardshare.docker_api import (
+    ContainerState,
+    DockerClient,
+    DockerError,
+    LogWindow,
+    demux_logs,
+    logs_since,
+)
 
 INSPECT: dict[str, Any] = {
     "Id": "abc123",
@@ -32,6 +39,25 @@ INSPECT: dict[str, Any] = {
         "Health": {"Status": "unhealthy"},
     },
 }
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+# A container with two starts' output in its log, as Docker keeps it across restarts: the
+# first start's (before INSPECT's StartedAt) ended in a VRAM failure; the second's is 3000
+# lines of 100 bytes, then its own error. (nanoseconds since the epoch, stream, line)
+SECOND_START = 1796119200_000000001  # INSPECT's StartedAt
+LONG_LOG = [
+    (
+        SECOND_START - 5_000_000_000,
+        2,
+        b"ValueError: ... larger than the available KV cache memory\n",
+    ),
+    *((SECOND_START + n, 1, b"%05d " % n + b"x" * 93 + b"\n") for n in range(3000)),
+    (SECOND_START + 3000, 2, b"ModuleNotFoundError: No module named 'nope'\n"),
+]
 
 
 class Engine(BaseHTTPRequestHandler):
@@ -78,8 +104,26 @@ class Engine(BaseHTTPRequestHandler):
         elif url.path == "/v1.41/containers/abc123/logs":
             line = b"ValueError: Free memory on device\n"
             self._send(200, raw=b"\x02\x00\x00\x00" + len(line).to_bytes(4, "big") + line)
+        elif url.path == "/v1.41/containers/long/logs":
+            self._long_logs(parse_qs(url.query))
         else:
             self._send(404, {"message": "No such container: nope"})
+
+    def _long_logs(self, query: dict[str, list[str]]) -> None:
+        """Docker's semantics: the last ``tail`` entries, those before ``since`` left out;
+        one frame an entry, sent chunked (no Content-Length), in pieces that split frames."""
+        entries = LONG_LOG[-int(query["tail"][0]) :] if "tail" in query else LONG_LOG
+        if "since" in query:
+            sec, nsec = query["since"][0].split(".")
+            since = int(sec) * 10**9 + int(nsec.ljust(9, "0"))
+            entries = [e for e in entries if e[0] >= since]
+        body = b"".join(frame(stream, line) for _, stream, line in entries)
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for at in range(0, len(body), 1000):
+            piece = body[at : at + 1000]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
 
     def do_POST(self) -> None:
         self.requests.append(("POST", self.path))
@@ -184,6 +228,102 @@ def test_garbage_answers_are_docker_errors(
 
 def test_logs_are_demultiplexed(docker: DockerClient) -> None:
     assert docker.logs_tail("abc123") == "ValueError: Free memory on device\n"
+
+
+def test_logs_window_is_the_last_bytes_of_the_last_start(docker: DockerClient) -> None:
+    text = docker.logs_window("long", 64 * 1024, since="2026-12-01T10:00:00.000000001Z")
+    # the tail Docker counts in lines is asked for generously, the start by its StartedAt
+    assert Engine.requests[-1] == (
+        "GET",
+        "/v1.41/containers/long/logs?stdout=1&stderr=1&tail=4096&since=1796119200.000000001",
+    )
+    lines = text.splitlines()
+    assert lines[-1] == "ModuleNotFoundError: No module named 'nope'"
+    # whole lines, within the window: 64 KiB of 100-byte lines
+    assert len(text.encode()) <= 64 * 1024
+    assert len(lines) == (64 * 1024 - 44) // 100 + 1
+    assert all(len(line) == 99 for line in lines[:-1])
+    # the earlier start's failure is not this start's
+    assert "KV cache" not in docker.logs_window(
+        "long", 10**6, since=docker.inspect("abc123").started_at
+    )
+    assert "KV cache" in docker.logs_window("long", 10**6)
+
+
+def test_logs_window_of_a_missing_container(docker: DockerClient) -> None:
+    with pytest.raises(DockerError) as info:
+        docker.logs_window("nope", 1024)
+    assert str(info.value) == (
+        "Docker Engine GET /containers/nope/logs answered 404: No such container: nope"
+    )
+
+
+@pytest.mark.parametrize(
+    ("started_at", "since"),
+    [
+        ("2026-12-01T10:00:00.000000001Z", "1796119200.000000001"),
+        ("2026-12-01T10:00:00.5Z", "1796119200.500000000"),
+        ("2026-12-01T10:00:00Z", "1796119200.000000000"),
+        ("2026-12-01T11:00:00.25+01:00", "1796119200.250000000"),
+        ("0001-01-01T00:00:00Z", None),  # never started
+        ("", None),
+        ("yesterday", None),
+    ],
+)
+def test_logs_since(started_at: str, since: str | None) -> None:
+    assert logs_since(started_at) == since
+
+
+def _frames(lines: list[bytes]) -> bytes:
+    return b"".join(frame(1 + n % 2, line) for n, line in enumerate(lines))
+
+
+@pytest.mark.parametrize("piece", [1, 3, 8, 9, 1000])
+def test_log_window_reads_frames_split_anywhere(piece: int) -> None:
+    raw = _frames([b"first\n", b"", b"second line\n", b"\xc3\xa9t\xc3\xa9\n"])
+    window = LogWindow(1024)
+    for at in range(0, len(raw), piece):
+        window.feed(raw[at : at + piece])
+    assert window.text() == demux_logs(raw) == "first\nsecond line\n\u00e9t\u00e9\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"plain tty output\n", "plain tty output\n"),
+        (b"tty\n", "tty\n"),  # shorter than a frame header
+        (b"", ""),
+        # frames, then something that is not one: the rest is kept as it came
+        (frame(1, b"ok\n") + b"not a frame\n", "ok\nnot a frame\n"),
+    ],
+)
+def test_log_window_raw_text(raw: bytes, text: str) -> None:
+    window = LogWindow(1024)
+    window.feed(raw)
+    assert window.text() == text
+
+
+def test_log_window_holds_at_most_twice_its_size() -> None:
+    window = LogWindow(1000)
+    held = 0
+    for n in range(20_000):  # 2 MB of 100-byte lines
+        window.feed(frame(1, b"%05d " % n + b"y" * 93 + b"\n"))
+        held = max(held, window.held)
+    assert held <= 2000
+    text = window.text()
+    assert text.startswith("19991 ") and text.endswith("19999 " + "y" * 93 + "\n")
+    assert len(text) == 900
+
+
+def test_log_window_of_one_long_line_keeps_its_end() -> None:
+    window = LogWindow(10)
+    window.feed(frame(1, b"a" * 100 + b"\n"))
+    assert window.text() == "a" * 9 + "\n"
+
+
+def test_log_window_size_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"^max_bytes must be 1 or more, got 0$"):
+        LogWindow(0)
 
 
 def test_no_engine_is_a_clear_error(tmp_path: Path) -> None:

@@ -7,8 +7,17 @@ IPEX, node-llama-cpp's context check, GGML's allocator.
 
 from __future__ import annotations
 
+import itertools
+import random
+import re
+from pathlib import Path
+from re import _constants as re_constants
+from re import _parser as re_parser
+from typing import Any
+
 import pytest
 
+from cardshare import errors
 from cardshare.errors import (
     ErrorKind,
     TailVerdict,
@@ -17,7 +26,6 @@ from cardshare.errors import (
     is_insufficient_vram_error,
     matched_pattern,
     oom_killed_message,
-    should_retry_for_vram,
 )
 
 POSITIVES = [
@@ -128,19 +136,6 @@ def test_negatives(text: str) -> None:
     assert not is_insufficient_vram_error(text)
 
 
-@pytest.mark.parametrize(
-    ("text", "attempts", "expected"),
-    [
-        ("XPU out of memory", 1, True),
-        ("XPU out of memory", 2, True),
-        ("XPU out of memory", 3, False),
-        ("model not found", 1, False),
-    ],
-)
-def test_retry_at_most_three_attempts(text: str, attempts: int, expected: bool) -> None:
-    assert should_retry_for_vram(text, attempts) is expected
-
-
 def test_classify_rejects_non_text() -> None:
     with pytest.raises(TypeError, match=r"^classify_error expects a str, got bytes$"):
         classify_error(b"out of memory")  # type: ignore[arg-type]
@@ -238,7 +233,10 @@ def test_wrapped_messages_escape_the_line_by_line_check(tail: str) -> None:
 
 def test_classify_tail_red_team_negatives_as_one_tail() -> None:
     tail = "\n".join(NEGATIVES)
-    assert classify_tail(tail) == TailVerdict(ErrorKind.OTHER)
+    # not memory; the last error line of the tail is reported as the error
+    assert classify_tail(tail) == TailVerdict(
+        ErrorKind.OTHER, None, "OSError: [Errno 12] Cannot allocate memory"
+    )
     # and in every order of two, so a join of neighbours cannot make a match
     for first in NEGATIVES:
         for second in NEGATIVES:
@@ -258,3 +256,219 @@ def test_classify_tail_rejects_non_text() -> None:
 def test_classify_tail_prefers_the_last_failure() -> None:
     tail = "XPU out of memory. Tried to allocate 2 GiB\nretrying\nInsufficient VRAM to load\n"
     assert classify_tail(tail).pattern == "insufficient_vram"
+
+
+# -- warnings never decide (issue 28) --------------------------------------------------------
+
+# ComfyUI recovers from a VAE decode out of memory by tiling, and says so with a warning; what
+# stops it later is something else. Composed from ComfyUI's messages (comfy/sd.py's warning,
+# ComfyUI's prompt log lines) and Python's traceback form.
+COMFY_RECOVERED = """\
+got prompt
+Requested to load AutoencodingEngine
+Warning: Ran out of memory when regular VAE decoding, retrying with tiled VAE decoding.
+Prompt executed in 41.27 seconds
+Traceback (most recent call last):
+  File "/app/main.py", line 312, in <module>
+    import execution
+  File "/app/execution.py", line 14, in <module>
+    import nodes
+ModuleNotFoundError: No module named 'comfy_extras.nodes_hidream'
+"""
+
+
+@pytest.mark.parametrize(
+    ("tail", "error"),
+    [
+        (COMFY_RECOVERED, "ModuleNotFoundError: No module named 'comfy_extras.nodes_hidream'"),
+        # the same warning with ComfyUI's log timestamps, the error a plain exit
+        (
+            "[2026-12-04 04:40:38.499] Warning: Ran out of memory when regular VAE decoding, "
+            "retrying with tiled VAE decoding.\n[2026-12-04 04:41:02.001] Killed\n",
+            "",
+        ),
+        # vLLM's logger at WARNING, behind its process tag
+        (
+            "(EngineCore_DP0 pid=3905) WARNING 12-04 04:42:04 [gpu_model_runner.py:3310] "
+            "CUDA out of memory while capturing graphs, retrying with a smaller batch\n"
+            "(EngineCore_DP0 pid=3905) ERROR 12-04 04:42:05 [core.py:708] RuntimeError: "
+            "device lost\n",
+            "RuntimeError: device lost",
+        ),
+        # Python logging, its default format and PyTorch's C++ warning prefix
+        ("2026-12-04 04:40:12,001 - root - WARNING - out of memory, retrying\nexit\n", ""),
+        ("WARNING:root:insufficient VRAM for the fast path, using the slow one\n", ""),
+        ("[W1204 04:40:12.000000000 alloc.cpp:80] XPU out of memory, retrying\n", ""),
+    ],
+    ids=[
+        "comfyui-vae-then-import-error",
+        "comfyui-timestamped",
+        "vllm-warning-prefix",
+        "python-logging",
+        "logging-default-format",
+        "pytorch-cpp",
+    ],
+)
+def test_a_warning_never_decides(tail: str, error: str) -> None:
+    """Each of these tails was read as insufficient VRAM before: the warning's memory words
+    decided the whole tail and the real error was dropped."""
+    assert classify_tail(tail) == TailVerdict(ErrorKind.OTHER, None, error)
+
+
+def test_a_warning_does_not_hide_the_failure_after_it() -> None:
+    tail = COMFY_RECOVERED.replace(
+        "ModuleNotFoundError: No module named 'comfy_extras.nodes_hidream'",
+        "torch.OutOfMemoryError: Allocation on device",
+    )
+    assert classify_tail(tail) == TailVerdict(
+        ErrorKind.INSUFFICIENT_VRAM,
+        "comfyui_allocation_on_device",
+        "torch.OutOfMemoryError: Allocation on device",
+    )
+
+
+def test_a_warning_is_not_joined_to_its_neighbours() -> None:
+    assert classify_tail("XPU out of\nWarning: low memory\nmemory\n").kind is ErrorKind.OTHER
+    assert classify_tail("XPU out of\nmemory\n").kind is ErrorKind.INSUFFICIENT_VRAM
+
+
+def test_the_error_reported_is_the_cause_not_the_pointer_at_it() -> None:
+    tail = "\n".join(
+        [
+            "(EngineCore_DP0 pid=1) ERROR 12-04 04:40:13 [core.py:708] ValueError: "
+            "User-specified max_model_len (65536) is greater than the derived max_model_len",
+            "(APIServer pid=2) Traceback (most recent call last):",
+            "(APIServer pid=2) RuntimeError: Engine core initialization failed. "
+            "See root cause above. Failed core proc(s): {}",
+        ]
+    )
+    assert classify_tail(tail) == TailVerdict(
+        ErrorKind.OTHER,
+        None,
+        "ValueError: User-specified max_model_len (65536) is greater than the derived "
+        "max_model_len",
+    )
+    # only the pointer: it is what there is
+    assert classify_tail(tail.split("\n", 1)[1]).excerpt.startswith("RuntimeError: Engine core")
+
+
+# -- real vLLM 0.32 logs (tests/fixtures/vllm/README.md says how they were made) -----------
+
+VLLM_LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
+
+
+def real_log(name: str) -> str:
+    return (VLLM_LOGS / name).read_text(encoding="utf-8")
+
+
+def test_a_real_kv_cache_failure_is_insufficient_vram() -> None:
+    """167 lines; the cause at lines 74 and 106, the last 50 lines the API server's traceback
+    (the old 50-line tail read it as exited)."""
+    log = real_log("kv-cache-start-failure.log")
+    assert not is_insufficient_vram_error("".join(log.splitlines(keepends=True)[-50:]))
+    verdict = classify_tail(log)
+    assert (verdict.kind, verdict.pattern) == (
+        ErrorKind.INSUFFICIENT_VRAM,
+        "vllm_kv_cache_too_small",
+    )
+    assert verdict.excerpt.startswith(
+        "ValueError: To serve at least one request with the model's max seq len (32768), (0.01 "
+        "GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        (
+            "yarn-refusal.log",
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig "
+            "Value error, User-specified max_model_len (65536) is greater than the derived "
+            "max_model_len (max_position_embeddings=32768.0 or model_max_length=None in model's "
+            "config.json).",
+        ),
+        (
+            "bad-flag-value.log",
+            "vllm serve: error: argument --max-num-seqs: invalid int value: 'lots'",
+        ),
+        (
+            "unknown-tool-call-parser.log",
+            "KeyError: 'invalid tool call parser: nosuchparser (chose from {",
+        ),
+        (
+            "engine-killed.log",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.",
+        ),
+    ],
+)
+def test_real_failures_that_are_not_memory(name: str, error: str) -> None:
+    """The YaRN refusal, a bad flag value, an unknown parser, a killed engine: not memory (no
+    VRAM pass may follow them), and their own error is what is reported."""
+    verdict = classify_tail(real_log(name))
+    assert (verdict.kind, verdict.pattern) == (ErrorKind.OTHER, None)
+    assert verdict.excerpt.startswith(error)
+
+
+# -- linear time: what keeps every pattern fast (the benchmark measures it) ------------------
+
+
+def _lookahead_width(items: Any) -> int:
+    """The widest look-ahead anywhere in a parsed pattern (a look-ahead reads past a match)."""
+    width = 0
+    for item in items:
+        if isinstance(item, re_parser.SubPattern):
+            width = max(width, _lookahead_width(item))
+        elif isinstance(item, (tuple, list)):
+            if (
+                len(item) == 2
+                and item[0] in (re_constants.ASSERT, re_constants.ASSERT_NOT)
+                and item[1][0] == 1
+            ):
+                width = max(width, item[1][1].getwidth()[1])
+            width = max(width, _lookahead_width(item))
+    return width
+
+
+@pytest.mark.parametrize(
+    ("regex", "needle"),
+    [pair for p in errors._PATTERNS for pair in zip(p.regexes, p.needles, strict=True)],
+    ids=lambda x: x.pattern[:24] if isinstance(x, re.Pattern) else "",
+)
+def test_every_pattern_starts_with_a_literal_and_is_bounded(
+    regex: re.Pattern[bytes], needle: bytes
+) -> None:
+    """A literal first lets a string search skip a text without it and the regex engine skip
+    to candidates at string-search speed; a bounded length (look-aheads included) is what the
+    search from the end relies on and what keeps each candidate's cost constant (the
+    unbounded ``.*`` of the old free-memory pattern made one long line quadratic)."""
+    parsed = re_parser.parse(regex.pattern, regex.flags)
+    lead = bytes(
+        value
+        for op, value in itertools.takewhile(lambda item: item[0] is re_constants.LITERAL, parsed)
+    )
+    assert needle and lead.startswith(needle)
+    widest = parsed.getwidth()[1] + _lookahead_width(parsed)
+    assert widest < errors._REACH
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_search_from_the_end_agrees_with_a_whole_search(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 7 bytes, so matches straddle chunk edges: the verdict is the whole search's,
+    and what is found is a real match."""
+    rng = random.Random(seed)
+    parts = [text for text, _ in POSITIVES] + NEGATIVES + ["out of", "memory", "\n", " ", "x"]
+    tail = "".join(rng.choice(parts) + rng.choice(["\n", " ", ""]) for _ in range(30))
+    whole = classify_tail(tail)
+    low = errors._lowered(errors._normalised(tail))
+    monkeypatch.setattr(errors, "_CHUNK", 7)
+    assert classify_tail(tail) == whole
+    for pattern in errors._PATTERNS:
+        for regex in pattern.regexes:
+            found = errors._last_of(regex, low)
+            assert (found is None) == (regex.search(low) is None)
+            if found is not None:
+                again = regex.search(low, found[0])
+                assert again is not None and again.span() == found
