@@ -69,6 +69,7 @@ __all__ = [
     "Reservation",
     "VllmTuningError",
     "VllmTypeError",
+    "apply_overrides",
     "compose_command",
     "gpu_memory_utilization",
     "human_size",
@@ -954,6 +955,24 @@ def _rope_of(config: Mapping[str, object], major: int | None) -> Mapping[str, ob
     return None
 
 
+def apply_overrides(
+    config: Mapping[str, object], overrides: Mapping[str, object], major: int | None = None
+) -> dict[str, object]:
+    """``config`` with ``--hf-overrides`` applied as vLLM applies them (``config.update``).
+
+    Each top-level key is replaced whole.  Under transformers 5 ``rope_scaling`` is another
+    name of ``rope_parameters``: either key of the override replaces the model's RoPE dict.
+    """
+    merged = dict(config)
+    for key, value in overrides.items():
+        if major == 5 and key in ("rope_scaling", "rope_parameters"):
+            merged.pop("rope_scaling", None)
+            merged["rope_parameters"] = value
+        else:
+            merged[key] = value
+    return merged
+
+
 def start_window(
     config: Mapping[str, object], rules: str, major: int | None = None
 ) -> tuple[float, str]:
@@ -1141,7 +1160,7 @@ def vllm_context(
         if own.theta is not None:
             overrides["rope_theta"] = own.theta
         overrides["max_position_embeddings"] = target
-    windows = _windows(spec, {**base, **overrides}, major, target, yarn=True)
+    windows = _windows(spec, apply_overrides(base, overrides, major), major, target, yarn=True)
     return {
         "max_model_len": target,
         "yarn_factor": factor,

@@ -33,6 +33,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning imp
     VLLM_START_RULES,
     VllmTuningError,
     VllmTypeError,
+    apply_overrides,
     image_transformers,
     known_image_transformers,
     resolve_model,
@@ -547,7 +548,7 @@ def test_every_rung_starts_under_both_rules(
             assert rope["rope_theta"] == 1000000.0
             # before PR #56446: original x factor reaches the length
             assert native * rope["factor"] >= length
-            merged.update(override)
+            merged = apply_overrides(config, override, 5)
         for rules in VLLM_START_RULES:
             window, _why = start_window(merged, rules, 5)
             assert length <= window, (rules, length, window)
@@ -574,24 +575,51 @@ def test_the_old_override_fails_the_new_rule_on_every_yarn_rung() -> None:
 
 # --------------------------------------------------------------------------- real recordings
 
+# tests/fixtures/vllm/yarn-refusal.log: upstream vLLM 0.32.0 (CPU build, transformers 5.19.0)
+# refusing the role's rung 0 as rendered before this change, on the conformance lane's tiny
+# Qwen2 (tests/fixtures/vllm/README.md says how it was made).  Its config.json as that README
+# gives it: max_position_embeddings 32768, rope_parameters {default, rope_theta 250000.0}.
+RECORDED_MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "max_position_embeddings": 32768,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0},
+}
+OLD_RUNG_0 = {"rope_scaling": YARN_2}
 
-def _recorded_yarn_refusal() -> Path | None:
-    for path in sorted(FIXTURES.glob("*yarn*")) if FIXTURES.is_dir() else []:
-        if path.is_file() and "User-specified max_model_len" in path.read_text(errors="replace"):
-            return path
-    return None
+
+def _recorded(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
 
 
-def test_the_modelled_refusal_is_the_one_vllm_0_32_printed() -> None:
-    # issue 28 and the facts: vLLM 0.32 refused the old override's 64k with
-    # "User-specified max_model_len (65536) is greater than the derived max_model_len
-    # (max_position_embeddings=32768.0 or model_max_length=None in model's config.json)"
-    recorded = _recorded_yarn_refusal()
-    if recorded is None:
-        pytest.skip("no recorded YaRN refusal of real vLLM in tests/fixtures/vllm yet")
-    text = recorded.read_text(errors="replace")
-    window, why = start_window({**QWEN25_CONFIG, "rope_scaling": YARN_2}, "post-56446", 5)
-    key, _, value = why.partition("=")
-    refusal = "User-specified max_model_len (65536) is greater than the derived max_model_len"
-    assert f"{refusal} ({key}={window}" in text
-    assert float(value) == window
+def test_the_recorded_refusal_is_the_old_override_under_the_new_rule() -> None:
+    log = _recorded("yarn-refusal.log")
+    # the run's arguments are the old override of rung 0, as vLLM echoed them
+    assert (
+        "'max_model_len': 65536, 'served_model_name': ['Qwen2.5-7B-Instruct'], 'hf_overrides': "
+        "{'rope_scaling': {'rope_type': 'yarn', 'factor': 2.0, "
+        "'original_max_position_embeddings': 32768}}" in log
+    )
+    # the rule the role models for vLLM since PR #56446 gives the refusal vLLM printed, with
+    # its numbers; the rule before it would have started the same line
+    merged = apply_overrides(RECORDED_MODEL_CONFIG, OLD_RUNG_0, 5)
+    # transformers 5: the rope_scaling override replaced the model's rope_parameters whole
+    assert merged["rope_parameters"] == YARN_2
+    window, why = start_window(merged, "post-56446", 5)
+    key, _, _value = why.partition("=")
+    assert (
+        f"User-specified max_model_len (65536) is greater than the derived max_model_len "
+        f"({key}={window} or model_max_length=None in model's config.json)" in log
+    )
+    assert start_window(merged, "pre-56446", 5)[0] == 65536
+
+
+def test_the_role_renders_for_the_recorded_model_what_starts_there() -> None:
+    # the same rung as the role renders it now for that model on vLLM 0.32 (transformers 5)
+    context = vllm_context(QWEN25, 65536, "vllm/vllm-openai:v0.32.0", 5, RECORDED_MODEL_CONFIG)
+    assert context["hf_overrides"] == (
+        '{"rope_parameters":{"rope_type":"yarn","factor":2.0,'
+        '"original_max_position_embeddings":32768,"rope_theta":250000.0},'
+        '"max_position_embeddings":65536}'
+    )
+    assert context["start_windows"] == {"pre-56446": 65536, "post-56446": 65536}
