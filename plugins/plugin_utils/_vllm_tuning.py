@@ -858,7 +858,6 @@ class _ModelRope:
     config: Mapping[str, object] | None
     theta: int | float | None
     carried: Mapping[str, object]
-    kind: str  # "no config.json", "no rope_theta" or "config.json"
 
 
 # Keys of the model's own RoPE dict the override sets itself: YaRN's own parameters (the
@@ -888,7 +887,7 @@ def _model_rope(spec: ModelSpec, config: Mapping[str, object] | None) -> _ModelR
     """The RoPE base and the other RoPE settings of ``spec``'s config.json (or nothing)."""
     where = f"vllm_model: {spec.name}'s config.json (under vllm_model_dir)"
     if config is None:
-        return _ModelRope(None, None, {}, "no config.json")
+        return _ModelRope(None, None, {})
     rope_raw = config.get("rope_parameters")
     source = "rope_parameters"
     if rope_raw is None:
@@ -938,8 +937,7 @@ def _model_rope(spec: ModelSpec, config: Mapping[str, object] | None) -> _ModelR
         for key, value in rope.items()
         if key not in _YARN_OWN_KEYS and key != "rope_theta"
     }
-    kind = "config.json" if theta is not None else "no rope_theta"
-    return _ModelRope(config, theta if isinstance(theta, int | float) else None, carried, kind)
+    return _ModelRope(config, theta if isinstance(theta, int | float) else None, carried)
 
 
 # --------------------------------------------------------------------------- start rules
