@@ -1340,6 +1340,8 @@ def _build_plan(
                 f"may claim ({utilization:.2f} of {human_size(card)}), leaving nothing for "
                 "the KV cache; pick a smaller or quantised model, or lower vllm_reservations"
             )
+    # the settings' own checks first, then the context, which also reads the host's config.json
+    memory_limit = vllm_memory_cap(spec, conf["vllm_memory_limit"])
     context = vllm_context(
         spec,
         target_len,
@@ -1347,7 +1349,6 @@ def _build_plan(
         conf["vllm_image_transformers"],
         conf.get("vllm_model_config"),
     )
-    memory_limit = vllm_memory_cap(spec, conf["vllm_memory_limit"])
     host = _check_nonempty(conf["vllm_listen_address"], "vllm_listen_address", "0.0.0.0")
     port = _check_port(conf["vllm_port"])
     root = _check_nonempty(

@@ -623,3 +623,14 @@ def test_the_role_renders_for_the_recorded_model_what_starts_there() -> None:
         '"max_position_embeddings":65536}'
     )
     assert context["start_windows"] == {"pre-56446": 65536, "post-56446": 65536}
+
+
+def test_the_settings_own_checks_come_before_the_model_files() -> None:
+    # a memory cap below the model's need is told even when the model's config.json (which
+    # YaRN under transformers 5 needs) is not there yet
+    settings = _settings(EXAMPLE, None, vllm_model="Qwen3-32B-AWQ", vllm_memory_limit="8G")
+    with pytest.raises(VllmTuningError) as err:
+        vllm_plan_ladder(settings)
+    assert str(err.value).startswith(
+        "vllm_memory_limit: 8 GiB is below what Qwen3-32B-AWQ needs on the host"
+    )
