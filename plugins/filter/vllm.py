@@ -48,8 +48,14 @@ def vllm_model_entry_filter(
 
 
 @_filter
-def vllm_context_filter(model: object, target: object) -> dict[str, object]:
-    return vllm_context(model, target)
+def vllm_context_filter(
+    model: object,
+    target: object,
+    image: object = None,
+    transformers: object = None,
+    model_config: object = None,
+) -> dict[str, object]:
+    return vllm_context(model, target, image, transformers, model_config)
 
 
 @_filter

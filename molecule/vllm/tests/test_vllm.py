@@ -68,12 +68,18 @@ def test_context_is_64k_with_yarn_factor_2(container):
     args = container["Config"]["Cmd"]
     assert flag(args, "--max-model-len") == "65536"
     overrides = json.loads(flag(args, "--hf-overrides"))
+    # transformers 5 (the lab inventory's vllm_image_transformers, as the pinned image): the
+    # RoPE dict under rope_parameters with the model's rope_theta from the config.json on the
+    # host (SIMULATION: lab/playbooks/vllm-weights.yml), and max_position_embeddings so that
+    # vLLM since PR #56446 derives the 64k window too
     assert overrides == {
-        "rope_scaling": {
+        "rope_parameters": {
             "rope_type": "yarn",
             "factor": 2.0,
             "original_max_position_embeddings": 32768,
-        }
+            "rope_theta": 1000000.0,
+        },
+        "max_position_embeddings": 65536,
     }
     assert "--rope-scaling" not in args
 
@@ -208,8 +214,11 @@ def test_published_plan(host):
 # The ladder (lab card 32 GiB, Qwen2.5-7B: 15 GiB of weights, 1 GiB of runtime, 56 KiB of KV
 # cache per token, two sequences): 49152 tokens need 21.25 GiB -> 0.67, 32768 need 19.5 GiB
 # -> 0.61, both below the full plan's 0.70.
-LADDER = [("vllm", "vllm", 0.70, 65536), ("vllm-ladder", "plan1", 0.67, 49152),
-          ("vllm-ladder", "plan2", 0.61, 32768)]
+LADDER = [
+    ("vllm", "vllm", 0.70, 65536),
+    ("vllm-ladder", "plan1", 0.67, 49152),
+    ("vllm-ladder", "plan2", 0.61, 32768),
+]
 
 
 def _inspect(host, project, service):
@@ -231,8 +240,11 @@ def test_smaller_plans_are_created_not_started(host, project, service, util, len
     assert flag(args, "--gpu-memory-utilization") == f"{util:.2f}"
     assert flag(args, "--max-model-len") == str(length)
     if length > 32768:
-        factor = json.loads(flag(args, "--hf-overrides"))["rope_scaling"]["factor"]
-        assert factor == 1.5  # the smallest factor that reaches 49152 over 32768
+        overrides = json.loads(flag(args, "--hf-overrides"))
+        # the smallest factor that reaches 49152 over 32768, the model's base carried
+        assert overrides["rope_parameters"]["factor"] == 1.5
+        assert overrides["rope_parameters"]["rope_theta"] == 1000000.0
+        assert overrides["max_position_embeddings"] == length
     else:
         assert "--hf-overrides" not in args
     assert c["HostConfig"]["Memory"] == 16 * GIB

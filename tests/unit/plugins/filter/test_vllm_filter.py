@@ -43,7 +43,13 @@ SPEC_OPTIONS: dict[str, Any] = _load(ROLE / "meta" / "argument_specs.yml")["argu
 ]["options"]
 # vllm_card_memory defaults to null: the role then takes the card's size from xe_driver_cards.
 # The reference card (Arc Pro B70) has 32 GiB.
-SETTINGS = {key: DEFAULTS[key] for key in SETTINGS_KEYS} | {"vllm_card_memory": "32GiB"}
+# The model's config.json as the role reads it on the host (the fields of Qwen2.5-7B-Instruct's
+# published one that YaRN's override carries; test data).
+MODEL_CONFIG = {"model_type": "qwen2", "max_position_embeddings": 32768, "rope_theta": 1000000.0}
+SETTINGS = {key: DEFAULTS[key] for key in SETTINGS_KEYS} | {
+    "vllm_card_memory": "32GiB",
+    "vllm_model_config": MODEL_CONFIG,
+}
 ENTRY = resolve_model(
     DEFAULTS["vllm_model"], DEFAULTS["vllm_model_catalog"], DEFAULTS["vllm_model_catalog_extra"]
 ).as_dict()
@@ -93,7 +99,13 @@ def test_each_filter_has_its_doc(name: str) -> None:
             {},
             ENTRY,
         ),
-        ("vllm_context", (ENTRY, 65536), {}, vllm_context(ENTRY, 65536)),
+        (
+            "vllm_context",
+            (ENTRY, 65536, DEFAULTS["vllm_image"]),
+            {"model_config": MODEL_CONFIG},
+            vllm_context(ENTRY, 65536, DEFAULTS["vllm_image"], None, MODEL_CONFIG),
+        ),
+        ("vllm_context", (ENTRY, 65536, "x/y:1", 4), {}, vllm_context(ENTRY, 65536, "x/y:1", 4)),
         ("vllm_memory_cap", (ENTRY, "16g"), {}, vllm_memory_cap(ENTRY, "16g")),
         ("vllm_model_args", (ENTRY,), {}, vllm_model_args(ENTRY)),
         ("vllm_model_args", (ENTRY,), {"enable_tool_calls": False}, []),
@@ -136,7 +148,7 @@ STRING_NUMBERS = {
             {},
             0.85,
         ),
-        ("vllm_context", (ENTRY, "65536"), {}, vllm_context(ENTRY, 65536)),
+        ("vllm_context", (ENTRY, "65536", None, "4"), {}, vllm_context(ENTRY, 65536, None, 4)),
         ("vllm_plan", ({**SETTINGS, **STRING_NUMBERS},), {}, vllm_plan(SETTINGS)),
         (
             "vllm_plan",

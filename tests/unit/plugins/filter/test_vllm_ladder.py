@@ -41,9 +41,14 @@ with (ROOT / "roles" / "vllm" / "defaults" / "main.yml").open(encoding="utf-8") 
     DEFAULTS: dict[str, Any] = yaml.safe_load(_handle)
 
 # vllm_card_memory defaults to null (read from the driver); the reference card has 32 GiB.
+# The model's config.json as the role reads it on the host (the fields of Qwen2.5-7B-Instruct's
+# published one that YaRN's override carries; test data).
 SETTINGS: dict[str, Any] = {
     key: DEFAULTS[key] for key in (*SETTINGS_KEYS, *LADDER_SETTINGS_KEYS)
-} | {"vllm_card_memory": "32GiB"}
+} | {
+    "vllm_card_memory": "32GiB",
+    "vllm_model_config": {"max_position_embeddings": 32768, "rope_theta": 1000000.0},
+}
 CATALOG: dict[str, Any] = DEFAULTS["vllm_model_catalog"]
 LADDER_KEYS = {
     "args",
@@ -205,12 +210,18 @@ def test_every_rung_has_complete_args(changes: dict[str, object]) -> None:
         else:
             overrides = flags["--hf-overrides"]
             assert overrides is not None
-            rope = json.loads(overrides)["rope_scaling"]
+            # the pinned image (transformers 5): the RoPE dict with the model's base, and the
+            # rung's length as max_position_embeddings (vLLM since PR #56446 derives it)
+            override = json.loads(overrides)
+            rope = override["rope_parameters"]
             assert rope == {
                 "rope_type": "yarn",
                 "factor": math.ceil(Fraction(100 * context, native)) / 100,
                 "original_max_position_embeddings": native,
+                "rope_theta": 1000000.0,
             }
+            assert override["max_position_embeddings"] == context
+            # vLLM before PR #56446 derives original x factor
             assert int(native * rope["factor"]) >= context
         # Everything else (served name, address, tool calls, dtype, extra args) is the full
         # plan's.

@@ -60,6 +60,12 @@ QWEN3_32B = {
     "weights": "19GiB",
 }
 NO_YARN = {**QWEN25_7B, "name": "short", "yarn_supported": False, "yarn_max_factor": None}
+# The fields of Qwen2.5-7B-Instruct's published config.json the role reads (test data).
+QWEN25_7B_CONFIG: dict[str, Any] = {
+    "model_type": "qwen2",
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+}
 CODER = {
     **QWEN25_7B,
     "name": "Qwen3-Coder-30B-A3B-GPTQ",
@@ -503,7 +509,8 @@ def test_gpu_memory_utilization_refuses_non_numbers(
     ],
 )
 def test_vllm_context(model: object, target: int, max_len: int, factor: float | None) -> None:
-    result = vllm_context(model, target)
+    # transformers 4 without the model's config.json: the RoPE dict alone, and the length
+    result = vllm_context(model, target, None, 4)
     assert result["max_model_len"] == max_len
     assert result["yarn_factor"] == factor
     if factor is None:
@@ -513,22 +520,29 @@ def test_vllm_context(model: object, target: int, max_len: int, factor: float | 
         rope = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 32768}
         assert result["rope_scaling"] == rope
         assert isinstance(result["hf_overrides"], str)
-        assert json.loads(result["hf_overrides"]) == {"rope_scaling": rope}
+        assert json.loads(result["hf_overrides"]) == {
+            "rope_scaling": rope,
+            "max_position_embeddings": target,
+        }
         assert 32768 * factor >= target
 
 
 @pytest.mark.parametrize("target", ["65536", " 65536 ", "65536.0", "6.5536e4", 65536.0, "16384"])
 def test_vllm_context_reads_numeric_strings(target: object) -> None:
-    result = vllm_context(QWEN25_7B, target)
-    assert result == vllm_context(QWEN25_7B, int(float(str(target))))
+    result = vllm_context(QWEN25_7B, target, None, "5", QWEN25_7B_CONFIG)
+    assert result == vllm_context(QWEN25_7B, int(float(str(target))), None, 5, QWEN25_7B_CONFIG)
     assert type(result["max_model_len"]) is int
 
 
 def test_hf_overrides_is_the_documented_json() -> None:
-    result = vllm_context(QWEN25_7B, 65536)
+    # the filter's documented example: the pinned image (transformers 5) and the 7B's config
+    result = vllm_context(
+        QWEN25_7B, 65536, "intel/llm-scaler-vllm:0.21.0-b2", None, QWEN25_7B_CONFIG
+    )
     assert result["hf_overrides"] == (
-        '{"rope_scaling":{"rope_type":"yarn","factor":2.0,'
-        '"original_max_position_embeddings":32768}}'
+        '{"rope_parameters":{"rope_type":"yarn","factor":2.0,'
+        '"original_max_position_embeddings":32768,"rope_theta":1000000.0},'
+        '"max_position_embeddings":65536}'
     )
 
 
@@ -602,7 +616,7 @@ def test_hf_overrides_is_the_documented_json() -> None:
 )
 def test_vllm_context_refuses(model: object, target: object, message: str) -> None:
     with pytest.raises(VllmTuningError) as err:
-        vllm_context(model, target)
+        vllm_context(model, target, "intel/llm-scaler-vllm:0.21.0-b2", None, QWEN25_7B_CONFIG)
     assert _message(err) == message
 
 
@@ -911,7 +925,9 @@ def settings(**changes: object) -> dict[str, object]:
         "vllm_dtype": None,
         "vllm_enable_tool_calls": True,
         "vllm_extra_args": [],
-        "vllm_image": "ignored by the plan",
+        "vllm_image": "intel/llm-scaler-vllm:0.21.0-b2",
+        "vllm_image_transformers": None,
+        "vllm_model_config": QWEN25_7B_CONFIG,
     }
     base.update(changes)
     return base
@@ -930,7 +946,8 @@ SEED_ARGS = [
     "--max-model-len",
     "65536",
     "--hf-overrides",
-    '{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":32768}}',
+    '{"rope_parameters":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":32768,'
+    '"rope_theta":1000000.0},"max_position_embeddings":65536}',
     "--enable-auto-tool-choice",
     "--tool-call-parser",
     "hermes",
@@ -1157,8 +1174,8 @@ def test_vllm_plan_refuses(changes: dict[str, object], message: str) -> None:
             "vllm_reservations, vllm_driver_headroom, vllm_gpu_memory_utilization, "
             "vllm_gpu_memory_utilization_max, vllm_context_target, vllm_memory_limit, "
             "vllm_listen_address, vllm_port, vllm_container_model_root, vllm_dtype, "
-            "vllm_enable_tool_calls, vllm_extra_args; pass every variable the role defines in "
-            "its defaults",
+            "vllm_enable_tool_calls, vllm_extra_args, vllm_image, vllm_image_transformers; pass "
+            "every variable the role defines in its defaults",
         ),
     ],
 )
@@ -1190,8 +1207,9 @@ def test_vllm_plan_refuses_bad_settings(value: object, message: str) -> None:
                     "source /opt/intel/oneapi/setvars.sh --force && exec vllm serve "
                     "/llm/models/Qwen2.5-7B-Instruct --served-model-name Qwen2.5-7B-Instruct "
                     "--host 0.0.0.0 --port 8000 --gpu-memory-utilization 0.85 --max-model-len "
-                    '65536 --hf-overrides \'{"rope_scaling":{"rope_type":"yarn","factor"'
-                    ':2.0,"original_max_position_embeddings":32768}}\' '
+                    '65536 --hf-overrides \'{"rope_parameters":{"rope_type":"yarn","factor"'
+                    ':2.0,"original_max_position_embeddings":32768,"rope_theta":1000000.0},'
+                    '"max_position_embeddings":65536}\' '
                     "--enable-auto-tool-choice --tool-call-parser hermes",
                 ],
                 "command": None,
