@@ -23,7 +23,7 @@ faults: venv ## the arbiter's fault injection: the matrix, then the randomized 1
 	.venv/bin/pytest -q tests/faults -m "faults and not faults_random"
 	.venv/bin/pytest -q -s tests/faults -m faults_random
 
-conformance: ## real upstream vLLM on the CPU: the role's ladder, the arbiter's reading, the proxy (about 15 min; not in make test)
+conformance: ## real upstream vLLM on the CPU: the role's ladder, the arbiter's reading, the proxy (about 20 min; not in make test)
 	tools/conformance.sh
 
 molecule: ## every molecule scenario (SCENARIOS="a b" for some)

@@ -232,4 +232,6 @@ def test_a_killed_engine_core_is_not_a_memory_failure(
         rig.close()
     assert failure is not None
     assert failure.kind is FailureKind.EXITED, failure
-    assert state.exit_code != 0, state
+    # vLLM 0.32's API server shuts down cleanly when its engine core dies: exit code 0, as a
+    # stop would leave it (tests/fixtures/vllm/engine-killed-exit.md)
+    assert state.exit_code == 0, state

@@ -113,12 +113,16 @@ def models(url: str) -> dict[str, Any]:
         return doc
 
 
-def test_the_lab_and_the_example_render_the_same_three_rungs(rungs: list[dict[str, Any]]) -> None:
-    # the dedupe is worth its keep only while the inventories agree; a new rung is fine, but
-    # then this test says so and the lane's time grows
-    lengths = sorted(entry["rung"]["max_model_len"] for entry in rungs)
-    assert lengths == [32768, 49152, 65536], lengths
-    assert all(len(entry["from"]) == len(INVENTORIES) for entry in rungs)
+def test_both_inventories_render_the_three_rungs(rungs: list[dict[str, Any]]) -> None:
+    # 65536 with YaRN 2.0, 49152 with YaRN 1.5, the native 32768 (issue 28); a rung more or
+    # less changes what this lane starts, and its time
+    for inventory in INVENTORIES:
+        lengths = sorted(
+            e["rung"]["max_model_len"]
+            for e in rungs
+            if any(f.startswith(inventory + "#") for f in e["from"])
+        )
+        assert lengths == [32768, 49152, 65536], (inventory, lengths)
 
 
 def test_every_rung_starts_and_answers(
@@ -131,7 +135,7 @@ def test_every_rung_starts_and_answers(
         name = f"rung {rung['rung']} ({rung['max_model_len']} tokens; {', '.join(entry['from'])})"
         server = serve(rung["args"], f"rung{rung['rung']}-{rung['max_model_len']}.log")
         if not server.wait_ready():
-            tail = [line for line in server.log().splitlines() if "Error" in line][-2:]
+            tail = [line for line in server.log().splitlines() if "Error:" in line][-2:]
             failures.append(f"{name} did not start: {' | '.join(tail)}")
             lines.append(f"{name}: did not start (exit {server.proc.returncode})")
             continue
