@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test lint unit faults molecule deps venv collection-link engine engine-stop images lab-host lab-shell lab-down build clean
+.PHONY: help demo test lint unit faults conformance molecule deps venv collection-link engine engine-stop images lab-host lab-shell lab-down build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -22,6 +22,9 @@ unit: venv ## the Python unit tests
 faults: venv ## the arbiter's fault injection: the matrix, then the randomized 1,000-job run
 	.venv/bin/pytest -q tests/faults -m "faults and not faults_random"
 	.venv/bin/pytest -q -s tests/faults -m faults_random
+
+conformance: ## real upstream vLLM on the CPU: the role's ladder, the arbiter's reading, the proxy (about 20 min; not in make test)
+	tools/conformance.sh
 
 molecule: ## every molecule scenario (SCENARIOS="a b" for some)
 	SKIP_STATIC=1 tools/run-tests.sh
