@@ -24,6 +24,7 @@ from typing import Any
 import openai
 import pytest
 import requests
+from labtest import wait_for
 
 MODEL = "Qwen2.5-7B-Instruct"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
@@ -70,17 +71,6 @@ def status(arbiter: str) -> dict[str, Any]:
     resp = requests.get(f"{arbiter}/v1/status", timeout=10)
     resp.raise_for_status()
     return resp.json()
-
-
-def wait_for(what: str, predicate: Any, timeout: float, step: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def submit(arbiter: str, token: str) -> str:

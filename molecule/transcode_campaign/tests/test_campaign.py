@@ -12,6 +12,8 @@ import shlex
 import time
 from typing import Any
 
+from labtest import wait_for
+
 CONTAINER = "campaign-encoder-1"
 FILMS = "/srv/media/Films"
 HELD = "/srv/media/.cardshare-held"
@@ -40,17 +42,6 @@ def status(host: Any) -> dict[str, Any]:
     code, doc = call(host, "GET", "/v1/status")
     assert code == 200, doc
     return doc
-
-
-def wait_for(what: str, predicate: Any, timeout: float, step: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def row(host: Any, path: str) -> dict[str, Any] | None:
