@@ -208,8 +208,11 @@ def test_published_plan(host):
 # The ladder (lab card 32 GiB, Qwen2.5-7B: 15 GiB of weights, 1 GiB of runtime, 56 KiB of KV
 # cache per token, two sequences): 49152 tokens need 21.25 GiB -> 0.67, 32768 need 19.5 GiB
 # -> 0.61, both below the full plan's 0.70.
-LADDER = [("vllm", "vllm", 0.70, 65536), ("vllm-ladder", "plan1", 0.67, 49152),
-          ("vllm-ladder", "plan2", 0.61, 32768)]
+LADDER = [
+    ("vllm", "vllm", 0.70, 65536),
+    ("vllm-ladder", "plan1", 0.67, 49152),
+    ("vllm-ladder", "plan2", 0.61, 32768),
+]
 
 
 def _inspect(host, project, service):
