@@ -108,7 +108,8 @@ def vllm_healthy(host: Any) -> bool:
     return (
         lab(
             host,
-            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"",
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"",
         )
         == "200"
     )
@@ -135,7 +136,8 @@ def transcode(host: Any, state: str) -> None:
     lab(
         host,
         'python3 -c "import urllib.request as u; u.urlopen(u.Request('
-        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), timeout=5)\"",
+        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), "
+        'timeout=5)"',
     )
 
 
@@ -191,7 +193,8 @@ def test_the_campaign_runs_and_the_arbiter_can_ask_it_to_step_aside(host: Any) -
     campaign = json.loads(
         lab(
             host,
-            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8097/v1/status', timeout=10).read().decode())\"",
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://127.0.0.1:8097/v1/status', timeout=10).read().decode())\"",
         )
     )
     assert campaign["encoder"]["software"] is True and campaign["phase"] in (

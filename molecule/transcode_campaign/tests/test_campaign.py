@@ -30,9 +30,11 @@ def call(
     """An HTTP call from the lab host (the campaign listens on its loopback)."""
     script = (
         "import json, sys, urllib.request as u, urllib.error as e\n"
-        f"req = u.Request({API + path!r}, data={json.dumps(body).encode() if body is not None else None!r}, "
+        f"req = u.Request({API + path!r}, "
+        f"data={json.dumps(body).encode() if body is not None else None!r}, "
         f"method={method!r}, headers={{'Content-Type': 'application/json'}})\n"
-        f"try:\n  r = u.urlopen(req, timeout={timeout}); print(r.status); print(r.read().decode())\n"
+        f"try:\n  r = u.urlopen(req, timeout={timeout})\n"
+        "  print(r.status); print(r.read().decode())\n"
         "except e.HTTPError as x:\n  print(x.code); print(x.read().decode())\n"
     )
     out = lab(host, f"python3 -c {shlex.quote(script)}")
@@ -97,7 +99,8 @@ def plex_transcode(host: Any, state: str) -> None:
     lab(
         host,
         'python3 -c "import urllib.request as u; u.urlopen(u.Request('
-        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), timeout=5)\"",
+        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), "
+        'timeout=5)"',
     )
 
 
@@ -272,7 +275,8 @@ for p in os.listdir("/proc"):
     if argv[0].endswith(b"ffmpeg") and b"-c:v:0" in argv and temp.encode() in argv:
         pids.append(int(p))
 if len(pids) != 1:
-    sys.exit(f"the encoder was not found running ({pids}): it ended before its result could be damaged")
+    sys.exit(f"the encoder was not found running ({pids}): "
+             "it ended before its result could be damaged")
 os.kill(pids[0], signal.SIGSTOP)
 try:
     size = os.path.getsize(temp)
@@ -355,7 +359,8 @@ def test_the_recorders_report_has_the_campaigns_month(host: Any) -> None:
             + shlex.quote(
                 "import json, sqlite3\n"
                 "c = sqlite3.connect('/var/lib/cardshare/campaign/campaign.sqlite3')\n"
-                "print(json.dumps(c.execute(\"SELECT COUNT(*), SUM(size - new_size) FROM files WHERE state = 'done'\").fetchone()))\n"
+                'print(json.dumps(c.execute("SELECT COUNT(*), SUM(size - new_size) FROM files'
+                " WHERE state = 'done'\").fetchone()))\n"
             ),
         )
     )
