@@ -18,7 +18,8 @@ fail() { echo "make test: FAILED at: $*" >&2; exit 1; }
 step "dependencies"; tools/deps.sh || fail deps
 step "virtualenv"; tools/venv.sh || fail venv
 tools/collection-link.sh
-export PATH="$PWD/.venv/bin:$PATH"
+# shellcheck source=tools/project-env.sh
+. tools/project-env.sh
 
 static_pid=""
 if [ -z "${SKIP_STATIC:-}" ]; then
