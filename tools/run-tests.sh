@@ -94,6 +94,9 @@ passed=$(grep -c '^PASS' "$logs/summary" || true)
 nfailed=$(grep -c '^FAIL' "$logs/summary" || true)
 molecule_seconds=$(( SECONDS - molecule_start ))
 echo; echo "molecule: $passed passed, $nfailed failed in ${molecule_seconds}s"
+echo "each scenario's total (in the order they ended), then where its time went (seconds a stage):"
+cat "$logs/summary"
+python tools/molecule_stages.py "$logs"/*.log || true
 static_rc=0
 if [ -n "$static_pid" ]; then
   step "static checks (their end)"
