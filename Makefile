@@ -1,6 +1,8 @@
 # cardshare.gpuhost: the two commands a newcomer needs are `make demo` and `make test`.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
+# the project's own Docker CLI configuration (the compose plugin tools/venv.sh links), never ~/.docker
+export DOCKER_CONFIG := $(CURDIR)/.cache/docker
 
 .PHONY: help demo test lint unit faults conformance molecule deps venv collection-link engine engine-stop images lab-host lab-shell lab-down build clean
 

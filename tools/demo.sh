@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 tools/deps.sh
 tools/venv.sh
 tools/collection-link.sh
-export PATH="$PWD/.venv/bin:$PATH"
+# shellcheck source=tools/project-env.sh
+. tools/project-env.sh
 if ! DOCKER_HOST=$(lab/scripts/engine.sh host) timeout 10 docker info >/dev/null 2>&1; then
   lab/scripts/engine.sh start
 fi

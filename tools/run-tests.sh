@@ -18,7 +18,8 @@ fail() { echo "make test: FAILED at: $*" >&2; exit 1; }
 step "dependencies"; tools/deps.sh || fail deps
 step "virtualenv"; tools/venv.sh || fail venv
 tools/collection-link.sh
-export PATH="$PWD/.venv/bin:$PATH"
+# shellcheck source=tools/project-env.sh
+. tools/project-env.sh
 
 static_pid=""
 if [ -z "${SKIP_STATIC:-}" ]; then
@@ -67,7 +68,7 @@ export ANSIBLE_CALLBACKS_ENABLED=${ANSIBLE_CALLBACKS_ENABLED:-ansible.posix.prof
 # Scenarios run side by side (each has its own lab host), longest first; most of their
 # time is spent waiting on boots, health checks and the arbiter's timers, not on the CPU.
 jobs=${MOLECULE_JOBS:-3}
-order="site recorder arbiter plex retrieval comfyui transcode_campaign vllm negative docker_engine xe_driver kernel_release"
+order="site recorder arbiter plex retrieval comfyui transcode_campaign vllm negative card_path"
 all=$(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)
 if [ -n "${SCENARIOS:-}" ]; then
   scenarios=$SCENARIOS
@@ -93,6 +94,9 @@ passed=$(grep -c '^PASS' "$logs/summary" || true)
 nfailed=$(grep -c '^FAIL' "$logs/summary" || true)
 molecule_seconds=$(( SECONDS - molecule_start ))
 echo; echo "molecule: $passed passed, $nfailed failed in ${molecule_seconds}s"
+echo "each scenario's total (in the order they ended), then where its time went (seconds a stage):"
+cat "$logs/summary"
+python tools/molecule_stages.py "$logs"/*.log || true
 static_rc=0
 if [ -n "$static_pid" ]; then
   step "static checks (their end)"

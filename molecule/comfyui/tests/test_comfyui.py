@@ -5,9 +5,9 @@ model files; the role and the engine are real.
 """
 
 import json
-import time
 
 import pytest
+from labtest import wait_for
 
 PROJECT_FILTER = (
     "--filter label=com.docker.compose.project=comfyui "
@@ -33,16 +33,6 @@ def container(host):
     ).split()
     assert len(ids) == 1, ids
     return json.loads(host.check_output(f"docker container inspect {ids[0]}"))[0]
-
-
-def wait_for(predicate, timeout=60.0, step=1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def test_created_and_left_stopped(host):
@@ -112,16 +102,16 @@ def started(host):
 
 
 def test_starts_answers_and_stops_again(host, started):
-    health = wait_for(
+    wait_for(
+        "the container to become healthy",
         lambda: (
             host.check_output(
                 "docker container inspect --format '{{.State.Health.Status}}' " + started
             )
             == "healthy"
         ),
-        timeout=90,
+        90,
     )
-    assert health, "the container did not become healthy"
     stats = json.loads(http_get(host, f"{API}/system_stats"))
     assert stats["devices"] and stats["devices"][0]["vram_total"] > 0
     info = json.loads(http_get(host, f"{API}/object_info"))

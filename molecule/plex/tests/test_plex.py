@@ -6,10 +6,10 @@ switched on through the stand-in's lab control and show as DRM clients on the si
 
 import json
 import re
-import time
 from pathlib import PurePosixPath
 
 import pytest
+from labtest import wait_for
 
 PROJECT_FILTER = (
     "--filter label=com.docker.compose.project=plex --filter label=com.docker.compose.service=plex"
@@ -37,16 +37,6 @@ def container(host):
     ).split()
     assert len(ids) == 1, ids
     return json.loads(host.check_output(f"docker container inspect {ids[0]}"))[0]
-
-
-def wait_for(predicate, timeout=30.0, step=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def transcoders(host, container_id):
@@ -126,7 +116,7 @@ def transcode_on(host):
 
 def test_a_transcode_shows_on_the_card_and_in_sessions(host, transcode_on):
     cid = container(host)["Id"]
-    pids = wait_for(lambda: transcoders(host, cid))
+    pids = wait_for("a Plex Transcoder on the card", lambda: transcoders(host, cid), 30, step=0.5)
     assert len(pids) == 1, pids
     fdinfo = host.check_output(f"cat {SIM}/proc/{pids[0]}/fdinfo/*")
     assert re.search(r"^drm-cycles-vcs:\s+\d+", fdinfo, re.M)
@@ -140,5 +130,5 @@ def test_a_transcode_shows_on_the_card_and_in_sessions(host, transcode_on):
 
 def test_no_transcoder_when_transcodes_are_off(host):
     cid = container(host)["Id"]
-    assert wait_for(lambda: not transcoders(host, cid), timeout=15)
+    wait_for("no Plex Transcoder on the card", lambda: not transcoders(host, cid), 15, step=0.5)
     assert '<MediaContainer size="0"' in http(host, f"{PLEX}/status/sessions")

@@ -6,9 +6,9 @@ prepare.yml runs a vLLM and a Plex stand-in (SIMULATION) as compose projects `vl
 
 import json
 import shlex
-import time
 
 import pytest
+from labtest import wait_for
 
 SERVICE = "cardshare-recorder.service"
 TIMER = "cardshare-recorder.timer"
@@ -79,10 +79,12 @@ def test_timer_is_enabled_active_and_starts_the_service(host):
     assert "OnCalendar=*-*-* *:*:00" in timer["TimersCalendar"]
     # the timer itself has started a scan (converge and idempotence take over a minute;
     # wait for the next tick otherwise)
-    deadline = time.monotonic() + 75
-    while show(host, TIMER, "LastTriggerUSec")["LastTriggerUSec"] in ("", "n/a"):
-        assert time.monotonic() < deadline, "the timer never started the service"
-        time.sleep(5)
+    wait_for(
+        "the timer to start the service",
+        lambda: show(host, TIMER, "LastTriggerUSec")["LastTriggerUSec"] not in ("", "n/a"),
+        75,
+        step=5,
+    )
 
 
 def test_loaded_unit_has_its_hardening(host):
@@ -148,23 +150,24 @@ def test_report_through_the_command_reads_the_role_data_dir(host):
 def test_plex_transcode_is_named_plex_with_video_engines_busy(host):
     plex_transcode(host, "on")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            # the second scan with the transcoder on has a previous sample to compare
+        # the second scan with the transcoder on has a previous sample to compare
+        def busy():
             seen = clients(scan_now(host)).get("plex/plex")
-            if seen is not None and all(seen["engines"].get(e) for e in ("vcs", "vecs")):
-                break
-            assert time.monotonic() < deadline, f"plex not busy on vcs/vecs: {seen}"
-            time.sleep(2)
+            busy = seen is not None and all(seen["engines"].get(e) for e in ("vcs", "vecs"))
+            return seen if busy else None
+
+        seen = wait_for("plex busy on vcs/vecs", busy, 30, step=2)
         assert seen["commands"] == ["Plex Transcoder"]
         assert seen["vram_bytes"] >= 2 * 1024**3 * 0.9
         assert "vllm/vllm" in clients(scan_now(host))
     finally:
         plex_transcode(host, "off")
-    deadline = time.monotonic() + 30
-    while "plex/plex" in clients(scan_now(host)):
-        assert time.monotonic() < deadline, "plex still on the card after the transcode stopped"
-        time.sleep(2)
+    wait_for(
+        "plex off the card after the transcode stopped",
+        lambda: "plex/plex" not in clients(scan_now(host)),
+        30,
+        step=2,
+    )
 
 
 def make_root(host, with_card):

@@ -46,7 +46,9 @@ def container(host):
 def test_the_server_runs_healthy_with_the_card_and_its_cap(container):
     assert container["State"]["Running"] and container["State"]["Health"]["Status"] == "healthy"
     assert container["Config"]["Image"] == "cardshare-lab/ovms-standin:current"
-    assert [d["PathInContainer"] for d in container["HostConfig"]["Devices"]] == ["/dev/dri/renderD128"]
+    assert [d["PathInContainer"] for d in container["HostConfig"]["Devices"]] == [
+        "/dev/dri/renderD128"
+    ]
     # the lab's guards (32 x 512): worst sequence 4.51 GiB at 70 % of a 6591 MiB cap
     assert container["HostConfig"]["Memory"] == 6591 * 1024**2
     assert container["Config"]["Labels"]["io.cardshare.revision"] == "lab-2026.2.1-r2"
@@ -75,7 +77,9 @@ def test_the_guards_are_in_the_served_graph_and_refuse_with_the_servers_words(ho
         {"model": "bge-reranker-v2-m3", "query": "q", "documents": ["w " * 1000] * 20},
     )
     assert status == 400
-    assert "Chunking failed: exceeding max_allowed_chunks after chunking limit: 32; actual: 40" in text
+    assert (
+        "Chunking failed: exceeding max_allowed_chunks after chunking limit: 32; actual: 40" in text
+    )
 
 
 def test_the_marker_holds_the_revision_and_the_record_the_width(host):
@@ -113,15 +117,24 @@ def test_the_watchdog_timer_is_hardened_and_has_run(host):
         "-p NoNewPrivileges -p ProtectSystem -p PrivateDevices -p IPAddressDeny"
     )
     assert "NoNewPrivileges=yes" in props and "ProtectSystem=strict" in props
-    state = json.loads(host.file("/var/lib/cardshare/retrieval/watchdog/ratchet.json").content_string)
+    state = json.loads(
+        host.file("/var/lib/cardshare/retrieval/watchdog/ratchet.json").content_string
+    )
     # the side effect's run restarted the server once
     assert state["restarts_total"] >= 1
-    prom = host.file("/var/lib/node_exporter/textfile_collector/cardshare-retrieval.prom").content_string
+    prom = host.file(
+        "/var/lib/node_exporter/textfile_collector/cardshare-retrieval.prom"
+    ).content_string
     assert "cardshare_retrieval_restarts_total" in prom
 
 
 def test_nothing_of_the_cpu_arm_is_left(host):
-    assert host.check_output("docker ps --all --quiet --filter label=com.docker.compose.project=retrieval-cpu-arm") == ""
+    assert (
+        host.check_output(
+            "docker ps --all --quiet --filter label=com.docker.compose.project=retrieval-cpu-arm"
+        )
+        == ""
+    )
     assert not host.file("/var/lib/cardshare/retrieval/models/cpu").exists
     bench = json.loads(host.file("/var/lib/cardshare/retrieval/bench/cpu.json").content_string)
     assert bench["record"]["arm"] == "cpu"

@@ -13,8 +13,16 @@ HOST = "cardshare-molecule-site"
 @pytest.fixture(scope="module")
 def address() -> str:
     out = subprocess.run(
-        ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", HOST],
-        check=True, capture_output=True, text=True,
+        [
+            "docker",
+            "inspect",
+            "-f",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            HOST,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     assert out, f"{HOST} has no address on a bridge network"
     return out

@@ -24,6 +24,7 @@ from typing import Any
 import openai
 import pytest
 import requests
+from labtest import wait_for
 
 MODEL = "Qwen2.5-7B-Instruct"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
@@ -40,11 +41,16 @@ def _png(width: int = 8, height: int = 8) -> bytes:
         crc = zlib.crc32(kind + data) & 0xFFFFFFFF
         return len(data).to_bytes(4, "big") + kind + data + crc.to_bytes(4, "big")
 
-    raw = b"".join(b"\x00" + bytes([(x * 31 + y * 17) % 256 for x in range(width * 3)])
-                   for y in range(height))
+    raw = b"".join(
+        b"\x00" + bytes([(x * 31 + y * 17) % 256 for x in range(width * 3)]) for y in range(height)
+    )
     header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 RENDER = _png()
@@ -70,17 +76,6 @@ def status(arbiter: str) -> dict[str, Any]:
     resp = requests.get(f"{arbiter}/v1/status", timeout=10)
     resp.raise_for_status()
     return resp.json()
-
-
-def wait_for(what: str, predicate: Any, timeout: float, step: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def submit(arbiter: str, token: str) -> str:
@@ -110,27 +105,40 @@ def lab(host: Any, command: str) -> str:
 
 
 def vllm_healthy(host: Any) -> bool:
-    return lab(host, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"") == "200"
+    return (
+        lab(
+            host,
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://127.0.0.1:8000/health', timeout=5).status)\"",
+        )
+        == "200"
+    )
 
 
 def vllm_healthy_or_down(host: Any) -> bool:
     """vLLM answers /health (False when nothing listens on its port)."""
     out = host.run(
         "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', "
-        "timeout=5)\""
+        'timeout=5)"'
     )
     return out.rc == 0
 
 
 def comfyui_running(host: Any) -> bool:
-    out = lab(host, "docker ps --filter label=com.docker.compose.project=comfyui --format '{{.State}}'")
+    out = lab(
+        host, "docker ps --filter label=com.docker.compose.project=comfyui --format '{{.State}}'"
+    )
     return out.strip() == "running"
 
 
 def transcode(host: Any, state: str) -> None:
     # SIMULATION: the Plex stand-in's lab control switches a hardware transcode on or off
-    lab(host, "python3 -c \"import urllib.request as u; u.urlopen(u.Request("
-        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), timeout=5)\"")
+    lab(
+        host,
+        'python3 -c "import urllib.request as u; u.urlopen(u.Request('
+        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), "
+        'timeout=5)"',
+    )
 
 
 def kill_arbiter(host: Any) -> None:
@@ -183,9 +191,17 @@ def test_the_campaign_runs_and_the_arbiter_can_ask_it_to_step_aside(host: Any) -
         {"name": "campaign/encoder", "url": "http://127.0.0.1:8097", "ack_seconds": 8.0}
     ], config["yielding_tenants"]
     campaign = json.loads(
-        lab(host, "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8097/v1/status', timeout=10).read().decode())\"")
+        lab(
+            host,
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://127.0.0.1:8097/v1/status', timeout=10).read().decode())\"",
+        )
     )
-    assert campaign["encoder"]["software"] is True and campaign["phase"] in ("idle", "waiting", "encoding"), campaign
+    assert campaign["encoder"]["software"] is True and campaign["phase"] in (
+        "idle",
+        "waiting",
+        "encoding",
+    ), campaign
 
 
 def test_the_labs_card_reaper_runs(host: Any) -> None:
@@ -218,7 +234,9 @@ def test_openai_client_through_the_proxy(proxy: str) -> None:
 # --- a Plex transcode on the card vetoes the swap --------------------------------------
 
 
-def test_a_plex_transcode_vetoes_the_swap_until_it_ends(host: Any, arbiter: str, token: str) -> None:
+def test_a_plex_transcode_vetoes_the_swap_until_it_ends(
+    host: Any, arbiter: str, token: str
+) -> None:
     transcode(host, "on")
     try:
         first = submit(arbiter, token)
@@ -234,7 +252,11 @@ def test_a_plex_transcode_vetoes_the_swap_until_it_ends(host: Any, arbiter: str,
         assert st["mode"] == "llm" and job(arbiter, first)["state"] == "queued", st
     finally:
         transcode(host, "off")
-    wait_for("the queued job to be done once the transcode ended", lambda: all_done(arbiter, [first]), 180)
+    wait_for(
+        "the queued job to be done once the transcode ended",
+        lambda: all_done(arbiter, [first]),
+        180,
+    )
     wait_for("vLLM back in llm mode", lambda: status(arbiter)["mode"] == "llm", 120)
     assert vllm_healthy(host)
 
@@ -242,7 +264,9 @@ def test_a_plex_transcode_vetoes_the_swap_until_it_ends(host: Any, arbiter: str,
 # --- three jobs while agents speak during the swap ---------------------------------------
 
 
-def test_three_jobs_while_agents_speak_during_the_swap(host: Any, arbiter: str, proxy: str, token: str) -> None:
+def test_three_jobs_while_agents_speak_during_the_swap(
+    host: Any, arbiter: str, proxy: str, token: str
+) -> None:
     before = outputs_on_disk(host)
     ids = [submit(arbiter, token) for _ in range(3)]
     wait_for("the swap to begin", lambda: status(arbiter)["mode"] != "llm", 60, step=0.2)
@@ -288,7 +312,9 @@ def test_three_jobs_while_agents_speak_during_the_swap(host: Any, arbiter: str, 
 # --- the arbiter killed mid-swap and mid-job ---------------------------------------------
 
 
-def test_the_arbiter_killed_mid_swap_and_mid_job_loses_nothing(host: Any, arbiter: str, token: str) -> None:
+def test_the_arbiter_killed_mid_swap_and_mid_job_loses_nothing(
+    host: Any, arbiter: str, token: str
+) -> None:
     before = outputs_on_disk(host)
     ids = [submit(arbiter, token) for _ in range(2)]
 
@@ -296,7 +322,12 @@ def test_the_arbiter_killed_mid_swap_and_mid_job_loses_nothing(host: Any, arbite
     kill_arbiter(host)
     wait_for("the arbiter to come back", lambda: _answers(arbiter), 60)
 
-    wait_for("a job to be running", lambda: any(job(arbiter, i)["state"] == "running" for i in ids), 120, step=0.2)
+    wait_for(
+        "a job to be running",
+        lambda: any(job(arbiter, i)["state"] == "running" for i in ids),
+        120,
+        step=0.2,
+    )
     kill_arbiter(host)
     wait_for("the arbiter to come back", lambda: _answers(arbiter), 60)
 
@@ -344,7 +375,9 @@ def test_a_running_job_is_cancelled_and_its_prompt_interrupted(
     host: Any, arbiter: str, token: str
 ) -> None:
     first, second = submit(arbiter, token), submit(arbiter, token)
-    wait_for("the first job to run", lambda: job(arbiter, first)["state"] == "running", 120, step=0.1)
+    wait_for(
+        "the first job to run", lambda: job(arbiter, first)["state"] == "running", 120, step=0.1
+    )
     resp = requests.delete(f"{arbiter}/v1/jobs/{first}", headers=auth(), timeout=10)
     assert resp.status_code in (202, 409), resp.text  # 409: it finished in between
     wait_for("the second job to be done", lambda: all_done(arbiter, [second]), 300)
@@ -502,9 +535,9 @@ def test_no_plan_fits_three_attempts_then_out_of_llm_until_the_card_changes(
         started = lab(host, "docker inspect -f '{{.State.StartedAt}}' vllm-ladder-plan2-1").strip()
         time.sleep(15)
         assert status(arbiter)["phase"] == "start_llm"
-        assert lab(host, "docker inspect -f '{{.State.StartedAt}}' vllm-ladder-plan2-1").strip() == (
-            started
-        )
+        assert lab(
+            host, "docker inspect -f '{{.State.StartedAt}}' vllm-ladder-plan2-1"
+        ).strip() == (started)
         assert not vllm_healthy_or_down(host)
     finally:
         transcode(host, "off")
@@ -543,19 +576,30 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
     try:
         first = submit(arbiter, token)
         wait_for("the job to be done", lambda: all_done(arbiter, [first]), 300)
-        st = wait_for("vLLM serving again", lambda: at_rest() if vllm_healthy_or_down(host) else None, 300)
-        assert not host.file(knob).exists, "the vLLM stand-in never started (its knob is still there)"
+        st = wait_for(
+            "vLLM serving again", lambda: at_rest() if vllm_healthy_or_down(host) else None, 300
+        )
+        assert not host.file(knob).exists, (
+            "the vLLM stand-in never started (its knob is still there)"
+        )
     finally:
         lab(host, f"rm -f {knob}")
         lab(host, "docker update --restart=unless-stopped vllm-vllm-1")
     logs = lab(host, f"docker logs --since {since} arbiter-arbiter-1 2>&1")
-    refused = lab(host, f"docker logs --since {since} vllm-vllm-1 2>&1 | grep -c 'Free memory on device' || true")
+    refused = lab(
+        host,
+        f"docker logs --since {since} vllm-vllm-1 2>&1 | grep -c 'Free memory on device' || true",
+    )
     failures = [line for line in logs.splitlines() if "failed to start for want of VRAM" in line]
-    assert refused.strip() == "1", f"the stand-in refused {refused.strip()} start(s)\n{logs[-3000:]}"
+    assert refused.strip() == "1", (
+        f"the stand-in refused {refused.strip()} start(s)\n{logs[-3000:]}"
+    )
     assert len(failures) == 1 and "reclaimed; retrying plan 0" in failures[0], logs[-3000:]
     assert "could not get its memory in" not in logs  # never gave up
     assert not st["llm_plan"]["degraded"], st["llm_plan"]
     assert "llm_insufficient_vram" not in {a["name"] for a in st["alerts"]}
     client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=120)
-    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=4)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=4
+    )
     assert reply.choices[0].message.content

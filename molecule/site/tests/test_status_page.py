@@ -75,7 +75,9 @@ def read_history(host: Any) -> list[str]:
 def inspect_page(page: Any) -> dict[str, Any]:
     return page.evaluate(
         """() => {
-          const one = (sel, attr) => { const e = document.querySelector(sel); return e ? e.getAttribute(attr) : null; };
+          const one = (sel, attr) => {
+            const e = document.querySelector(sel); return e ? e.getAttribute(attr) : null;
+          };
           const series = {};
           document.querySelectorAll('figure[data-chart]').forEach(f => {
             series[f.dataset.chart] = {};
@@ -88,11 +90,14 @@ def inspect_page(page: Any) -> dict[str, Any]:
             scans: Number(one('[data-scans]', 'data-scans')),
             lastScan: Number(one('[data-last-scan]', 'data-last-scan')),
             generated: Number(one('#generated', 'data-generated')),
-            tenants: [...document.querySelectorAll('figure[data-chart=tenants] tr[data-tenant]')].map(r => r.dataset.tenant),
-            bar: [...document.querySelectorAll('figure[data-chart=tenants] rect[data-tenant]')].map(r => r.dataset.tenant),
+            tenants: [...document.querySelectorAll('figure[data-chart=tenants] tr[data-tenant]')]
+              .map(r => r.dataset.tenant),
+            bar: [...document.querySelectorAll('figure[data-chart=tenants] rect[data-tenant]')]
+              .map(r => r.dataset.tenant),
             series: series,
             svgLabelled: [...document.querySelectorAll('figure[data-chart] > svg')].every(
-              s => s.getAttribute('role') === 'img' && s.querySelector('title') && s.querySelector('desc')),
+              s => s.getAttribute('role') === 'img' && s.querySelector('title')
+                && s.querySelector('desc')),
             tables: document.querySelectorAll('figure[data-chart] table').length,
             scrollWidth: document.documentElement.scrollWidth,
             innerWidth: window.innerWidth,

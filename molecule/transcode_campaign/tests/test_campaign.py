@@ -12,6 +12,8 @@ import shlex
 import time
 from typing import Any
 
+from labtest import wait_for
+
 CONTAINER = "campaign-encoder-1"
 FILMS = "/srv/media/Films"
 HELD = "/srv/media/.cardshare-held"
@@ -22,13 +24,17 @@ def lab(host: Any, command: str) -> str:
     return str(host.check_output(command))
 
 
-def call(host: Any, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, Any]:
+def call(
+    host: Any, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30
+) -> tuple[int, Any]:
     """An HTTP call from the lab host (the campaign listens on its loopback)."""
     script = (
         "import json, sys, urllib.request as u, urllib.error as e\n"
-        f"req = u.Request({API + path!r}, data={json.dumps(body).encode() if body is not None else None!r}, "
+        f"req = u.Request({API + path!r}, "
+        f"data={json.dumps(body).encode() if body is not None else None!r}, "
         f"method={method!r}, headers={{'Content-Type': 'application/json'}})\n"
-        f"try:\n  r = u.urlopen(req, timeout={timeout}); print(r.status); print(r.read().decode())\n"
+        f"try:\n  r = u.urlopen(req, timeout={timeout})\n"
+        "  print(r.status); print(r.read().decode())\n"
         "except e.HTTPError as x:\n  print(x.code); print(x.read().decode())\n"
     )
     out = lab(host, f"python3 -c {shlex.quote(script)}")
@@ -40,17 +46,6 @@ def status(host: Any) -> dict[str, Any]:
     code, doc = call(host, "GET", "/v1/status")
     assert code == 200, doc
     return doc
-
-
-def wait_for(what: str, predicate: Any, timeout: float, step: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def row(host: Any, path: str) -> dict[str, Any] | None:
@@ -101,18 +96,27 @@ def add_film(host: Any, name: str, clip: str = "long") -> str:
 
 def plex_transcode(host: Any, state: str) -> None:
     # SIMULATION: the Plex stand-in's lab control switches a hardware transcode on or off
-    lab(host, "python3 -c \"import urllib.request as u; u.urlopen(u.Request("
-        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), timeout=5)\"")
+    lab(
+        host,
+        'python3 -c "import urllib.request as u; u.urlopen(u.Request('
+        f"'http://127.0.0.1:32400/:/cardshare-sim/transcode?state={state}', method='POST'), "
+        'timeout=5)"',
+    )
 
 
 def test_a_4k_remux_is_converted_verified_and_its_original_held(host: Any) -> None:
     path = f"{FILMS}/Remux One (2021).mkv"
-    done = wait_for("the remux to be done", lambda: (r := row(host, path)) and r["state"] == "done" and r, 300)
+    done = wait_for(
+        "the remux to be done", lambda: (r := row(host, path)) and r["state"] == "done" and r, 300
+    )
     assert done["new_size"] < done["size"] and done["held_path"].startswith(HELD + "/")
     original = lab(host, "cut -d' ' -f1 /root/campaign-originals.sha256").strip()
     assert lab(host, f"sha256sum {shlex.quote(done['held_path'])}").split()[0] == original
     result = probe(host, path)
-    kinds = [(s["codec_type"], s.get("codec_name"), s.get("tags", {}).get("language")) for s in result["streams"]]
+    kinds = [
+        (s["codec_type"], s.get("codec_name"), s.get("tags", {}).get("language"))
+        for s in result["streams"]
+    ]
     assert kinds[0][:2] == ("video", "hevc"), kinds
     assert [k[2] for k in kinds if k[0] == "audio"] == ["eng", "deu"]
     assert [k[2] for k in kinds if k[0] == "subtitle"] == ["eng"]
@@ -131,49 +135,92 @@ def test_a_file_the_rules_do_not_pick_is_skipped_with_its_reason(host: Any) -> N
 
 def test_a_plex_transcode_pauses_the_encoder_and_it_continues_after(host: Any) -> None:
     path = add_film(host, "Remux Two (2022).mkv")
-    wait_for("the encoder to start on it", lambda: status(host)["current"] == path and encoder_states(host), 120, 0.5)
+    wait_for(
+        "the encoder to start on it",
+        lambda: status(host)["current"] == path and encoder_states(host),
+        120,
+        0.5,
+    )
     plex_transcode(host, "on")
     try:
-        st = wait_for("the campaign to pause for Plex", lambda: (s := status(host))["phase"] == "paused" and s, 30, 0.5)
+        st = wait_for(
+            "the campaign to pause for Plex",
+            lambda: (s := status(host))["phase"] == "paused" and s,
+            30,
+            0.5,
+        )
         assert "Plex transcodes (1 session(s)" in st["paused_reason"], st
         assert encoder_states(host) == ["T"]  # stopped, not ended: it continues where it was
         time.sleep(3)
         assert encoder_states(host) == ["T"] and row(host, path)["state"] == "encoding"
     finally:
         plex_transcode(host, "off")
-    wait_for("the file to be done once Plex stopped", lambda: row(host, path)["state"] == "done", 300)
+    wait_for(
+        "the file to be done once Plex stopped", lambda: row(host, path)["state"] == "done", 300
+    )
 
 
 def test_the_arbiters_pause_is_acknowledged_within_its_bound(host: Any) -> None:
     path = add_film(host, "Remux Three (2023).mkv")
-    wait_for("the encoder to start on it", lambda: status(host)["current"] == path and encoder_states(host), 120, 0.5)
+    wait_for(
+        "the encoder to start on it",
+        lambda: status(host)["current"] == path and encoder_states(host),
+        120,
+        0.5,
+    )
     asked = time.monotonic()
-    code, ack = call(host, "POST", "/v1/pause", {"holder": "cardshare-arbiter", "seconds": 120, "reason": "image jobs wait"})
+    code, ack = call(
+        host,
+        "POST",
+        "/v1/pause",
+        {"holder": "cardshare-arbiter", "seconds": 120, "reason": "image jobs wait"},
+    )
     took = time.monotonic() - asked
     assert code == 200 and ack["paused"] is True and ack["vram_bytes"] == 0, ack
-    assert took < 8 + 3, f"the acknowledgement took {took:.1f} s"  # ack_seconds, plus the call from here
+    assert took < 8 + 3, (
+        f"the acknowledgement took {took:.1f} s"
+    )  # ack_seconds, plus the call from here
     assert encoder_states(host) == []  # ended: its memory leaves the card
     r = row(host, path)
-    assert r["state"] == "queued" and "stepped aside for the arbiter (image jobs wait)" in r["reason"], r
+    assert (
+        r["state"] == "queued" and "stepped aside for the arbiter (image jobs wait)" in r["reason"]
+    ), r
     time.sleep(6)  # past a scan: nothing starts while the pause holds
     assert encoder_states(host) == [] and status(host)["arbiter_pause_until"] is not None
-    assert call(host, "POST", "/v1/resume", {"holder": "cardshare-arbiter"}) == (200, {"paused": False})
-    wait_for("the file to be done after the resume", lambda: row(host, path)["state"] == "done", 300)
+    assert call(host, "POST", "/v1/resume", {"holder": "cardshare-arbiter"}) == (
+        200,
+        {"paused": False},
+    )
+    wait_for(
+        "the file to be done after the resume", lambda: row(host, path)["state"] == "done", 300
+    )
 
 
 def test_the_service_killed_mid_file_loses_nothing(host: Any) -> None:
     path = add_film(host, "Remux Four (2024).mkv")
     original = lab(host, f"sha256sum {shlex.quote(path)}").split()[0]
-    wait_for("the encoder to start on it", lambda: status(host)["current"] == path and encoder_states(host), 120, 0.5)
+    wait_for(
+        "the encoder to start on it",
+        lambda: status(host)["current"] == path and encoder_states(host),
+        120,
+        0.5,
+    )
     started = lab(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {CONTAINER}").strip()
     pid = lab(host, f"docker inspect -f '{{{{.State.Pid}}}}' {CONTAINER}").strip()
     lab(host, f"kill -9 {shlex.quote(pid)}")  # the service dies at once; its ffmpeg with it
     wait_for(
         "the restart policy to bring the campaign back",
-        lambda: lab(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {CONTAINER}").strip() != started,
+        lambda: (
+            lab(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {CONTAINER}").strip()
+            != started
+        ),
         60,
     )
-    done = wait_for("the file to be done after the restart", lambda: (r := row(host, path)) and r["state"] == "done" and r, 300)
+    done = wait_for(
+        "the file to be done after the restart",
+        lambda: (r := row(host, path)) and r["state"] == "done" and r,
+        300,
+    )
     assert lab(host, f"sha256sum {shlex.quote(done['held_path'])}").split()[0] == original
     assert not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
     assert status(host)["counts"]["done"] == 4
@@ -188,9 +235,19 @@ def temp_of(path: str) -> str:
 def paused_by_plex_mid_file(host: Any, path: str) -> None:
     """The encode of ``path`` under way, then stopped for Plex (who stays on: the caller turns
     it off)."""
-    wait_for("the encoder to start on it", lambda: status(host)["current"] == path and encoder_states(host), 120, 0.5)
+    wait_for(
+        "the encoder to start on it",
+        lambda: status(host)["current"] == path and encoder_states(host),
+        120,
+        0.5,
+    )
     plex_transcode(host, "on")
-    st = wait_for("the campaign to pause for Plex", lambda: (s := status(host))["phase"] == "paused" and s, 30, 0.5)
+    st = wait_for(
+        "the campaign to pause for Plex",
+        lambda: (s := status(host))["phase"] == "paused" and s,
+        30,
+        0.5,
+    )
     states, r = encoder_states(host), row(host, path)
     assert states == ["T"] and r["state"] == "encoding", (states, r, st)
 
@@ -218,7 +275,8 @@ for p in os.listdir("/proc"):
     if argv[0].endswith(b"ffmpeg") and b"-c:v:0" in argv and temp.encode() in argv:
         pids.append(int(p))
 if len(pids) != 1:
-    sys.exit(f"the encoder was not found running ({pids}): it ended before its result could be damaged")
+    sys.exit(f"the encoder was not found running ({pids}): "
+             "it ended before its result could be damaged")
 os.kill(pids[0], signal.SIGSTOP)
 try:
     size = os.path.getsize(temp)
@@ -250,10 +308,16 @@ def test_a_file_changed_during_its_encode_is_not_replaced(host: Any) -> None:
         lambda: f"not replaced: {path} changed while it was encoded" in campaign_log(host, since),
         300,
     )
-    assert lab(host, f"sha256sum {shlex.quote(path)}").split()[0] == changed  # the user's file stands
+    assert (
+        lab(host, f"sha256sum {shlex.quote(path)}").split()[0] == changed
+    )  # the user's file stands
     assert not lab(host, f"ls {shlex.quote(HELD)} | grep -F 'Remux Five' || true").strip()
     # examined again as the file it now is, and done from that
-    done = wait_for("the changed file to be done", lambda: (r := row(host, path)) and r["state"] == "done" and r, 300)
+    done = wait_for(
+        "the changed file to be done",
+        lambda: (r := row(host, path)) and r["state"] == "done" and r,
+        300,
+    )
     assert lab(host, f"sha256sum {shlex.quote(done['held_path'])}").split()[0] == changed
     assert not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
 
@@ -263,12 +327,23 @@ def test_a_corrupted_result_keeps_the_original_and_says_why(host: Any) -> None:
     original = lab(host, f"sha256sum {shlex.quote(path)}").split()[0]
     damaged_at = int(lab(host, f"python3 -c {shlex.quote(DAMAGE)} {shlex.quote(temp_of(path))}"))
     assert damaged_at > 65536 * 4, damaged_at  # a cluster, past the header
-    failed = wait_for("the file to fail its checks", lambda: (r := row(host, path)) and r["state"] == "failed" and r, 300)
-    assert "the decode pass failed" in failed["reason"] and failed["reason"].endswith("the original is kept"), failed
+    failed = wait_for(
+        "the file to fail its checks",
+        lambda: (r := row(host, path)) and r["state"] == "failed" and r,
+        300,
+    )
+    assert "the decode pass failed" in failed["reason"] and failed["reason"].endswith(
+        "the original is kept"
+    ), failed
     assert lab(host, f"sha256sum {shlex.quote(path)}").split()[0] == original
-    assert failed["held_path"] is None and not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
+    assert (
+        failed["held_path"] is None
+        and not lab(host, f"find {FILMS} -name '.cardshare-encoding.*'").strip()
+    )
     st = status(host)
-    assert {"path": path, "reason": failed["reason"]} in st["failed"] and st["counts"]["failed"] == 1, st
+    assert {"path": path, "reason": failed["reason"]} in st["failed"] and st["counts"][
+        "failed"
+    ] == 1, st
     # and `cardshare campaign status`, as a user reads it, names the file and the reason
     text = lab(host, "cardshare campaign status")
     assert f"  {path}: the decode pass failed" in text, text
@@ -284,7 +359,8 @@ def test_the_recorders_report_has_the_campaigns_month(host: Any) -> None:
             + shlex.quote(
                 "import json, sqlite3\n"
                 "c = sqlite3.connect('/var/lib/cardshare/campaign/campaign.sqlite3')\n"
-                "print(json.dumps(c.execute(\"SELECT COUNT(*), SUM(size - new_size) FROM files WHERE state = 'done'\").fetchone()))\n"
+                'print(json.dumps(c.execute("SELECT COUNT(*), SUM(size - new_size) FROM files'
+                " WHERE state = 'done'\").fetchone()))\n"
             ),
         )
     )
@@ -292,4 +368,7 @@ def test_the_recorders_report_has_the_campaigns_month(host: Any) -> None:
     assert (doc["done"], doc["saved_bytes"], doc["failed"]) == (rows[0], rows[1], 1), doc
     assert doc["done"] >= 5 and doc["held_bytes_now"] > 0
     line = lab(host, f"cardshare report --month {month}").splitlines()[-1]
-    assert line.startswith(f"re-encode campaign: {rows[0]} file(s) replaced, ") and "; 1 failed (originals kept" in line, line
+    assert (
+        line.startswith(f"re-encode campaign: {rows[0]} file(s) replaced, ")
+        and "; 1 failed (originals kept" in line
+    ), line

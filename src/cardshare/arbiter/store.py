@@ -301,14 +301,6 @@ class Store:
             )
         return MachineState(to, phase_since, mode_since, swap_id, image_since)
 
-    def transitions(self, limit: int = 50) -> list[tuple[float, str, str, str, str]]:
-        rows = self.conn.execute(
-            "SELECT at, from_phase, to_phase, outcome, reason FROM transitions"
-            " ORDER BY id DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
-        return [tuple(r) for r in reversed(rows)]
-
     def swaps(self, limit: int) -> list[SwapRecord]:
         rows = self.conn.execute(
             "SELECT id, direction, started, finished, ok FROM swaps ORDER BY id DESC LIMIT ?",

@@ -48,6 +48,9 @@ def test_the_whole_system_moved_and_the_host_reports_the_release(host):
     assert host.file("/etc/redhat-release").content_string.startswith(
         "Red Hat Enterprise Linux release 10.2"
     )
-    assert host.ansible("setup", "filter=ansible_distribution_version")["ansible_facts"][
-        "ansible_distribution_version"
-    ] == "10.2"
+    assert (
+        host.ansible("setup", "filter=ansible_distribution_version")["ansible_facts"][
+            "ansible_distribution_version"
+        ]
+        == "10.2"
+    )
