@@ -30,6 +30,11 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s i
     claim_problems,
     k8s_manifests,
 )
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
+    MODELS_MOUNT,
+    retrieval_servable_states,
+    retrieval_servables,
+)
 
 _filter = filter_errors(RetrievalError)
 
@@ -106,8 +111,23 @@ def retrieval_k8s_claim_check_filter(
     return claim_problems(request, str(variable))
 
 
+@_filter
+def retrieval_servables_filter(
+    config: object, path: object = "config.json", mount: object = MODELS_MOUNT
+) -> dict[str, dict[str, object]]:
+    return retrieval_servables(config, str(path), str(mount))
+
+
+@_filter
+def retrieval_servable_states_filter(
+    answer: object, models: object = None, pins: object = None
+) -> dict[str, object]:
+    return retrieval_servable_states(answer, models, pins)
+
+
 class FilterModule:
-    """The retrieval role's filters: the memory cap and the rerank graph's guards."""
+    """The retrieval role's filters: the memory cap, the graphs' guards and settings, the
+    server's config and states, the Kubernetes manifests."""
 
     def filters(self) -> dict[str, Callable[..., object]]:
         return {
@@ -119,4 +139,6 @@ class FilterModule:
             "retrieval_reservation_check": retrieval_reservation_check_filter,
             "retrieval_k8s_manifests": retrieval_k8s_manifests_filter,
             "retrieval_k8s_claim_check": retrieval_k8s_claim_check_filter,
+            "retrieval_servables": retrieval_servables_filter,
+            "retrieval_servable_states": retrieval_servable_states_filter,
         }

@@ -380,6 +380,8 @@ def test_filter_names() -> None:
         "retrieval_memory_plan",
         "retrieval_rerank_probe",
         "retrieval_reservation_check",
+        "retrieval_servable_states",
+        "retrieval_servables",
     ]
 
 
