@@ -276,7 +276,8 @@ def retrieval_servable_states(
     """What ``GET /v1/config`` says of ``models``: which are served, which failed for good.
 
     ``answer`` is the body (text or parsed). ``pins`` maps a name to the versions its config
-    pins (:func:`retrieval_servables`' ``versions``), or is ``None``. Returns ``available``
+    pins, or to the servable as :func:`retrieval_servables` gives it (its ``versions``), or is
+    ``None``. Returns ``available``
     (the names served), ``unavailable`` (the others), ``failed`` (those no wait will serve: a
     version refused with an error code such as ``FAILED_PRECONDITION``, every version gone, or
     a name the server does not know), ``servables`` (each one's ``served_version``, ``available``,
@@ -303,6 +304,8 @@ def retrieval_servable_states(
     verdicts = []
     for name in models:
         pin = pins.get(name) if pins is not None else None
+        if isinstance(pin, Mapping):  # a servable as retrieval_servables gives it
+            pin = pin.get("versions")
         if pin is not None and not (
             isinstance(pin, list)
             and all(isinstance(v, int) and not isinstance(v, bool) for v in pin)

@@ -215,6 +215,21 @@ def test_the_served_version_and_whether_waiting_helps(
         assert f"the highest AVAILABLE of the pinned {pins}" in states["text"]
 
 
+def test_pins_from_the_servables_of_the_config() -> None:
+    servables = retrieval_servables(
+        {
+            "model_config_list": [
+                {"config": {"name": "m", "model_version_policy": {"specific": {"versions": [1]}}}}
+            ]
+        }
+    )
+    answer = _answer((1, "AVAILABLE", "OK"), (2, "AVAILABLE", "OK"))
+    assert (
+        retrieval_servable_states(answer, ["m"], servables)["servables"]["m"]["served_version"] == 1
+    )
+    assert retrieval_servable_states(answer, ["m"])["servables"]["m"]["served_version"] == 2
+
+
 def test_a_servable_the_server_does_not_know() -> None:
     states = retrieval_servable_states({"other": {"model_version_status": []}}, ["m"])
     assert states["failed"] == ["m"]
