@@ -29,11 +29,14 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s import (
     claim_problems,
     k8s_manifests,
+    k8s_pod_verdict,
+    k8s_reply_states,
 )
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
     MODELS_MOUNT,
     retrieval_servable_states,
     retrieval_servables,
+    retrieval_server_errors,
 )
 
 _filter = filter_errors(RetrievalError)
@@ -125,6 +128,23 @@ def retrieval_servable_states_filter(
     return retrieval_servable_states(answer, models, pins)
 
 
+@_filter
+def retrieval_k8s_pod_verdict_filter(pods: object, container: object = "ovms") -> dict[str, object]:
+    return k8s_pod_verdict(pods, str(container))
+
+
+@_filter
+def retrieval_k8s_reply_states_filter(reply: object, models: object = None) -> dict[str, object]:
+    return k8s_reply_states(reply, models)
+
+
+@_filter
+def retrieval_server_errors_filter(log: object, limit: object = 8) -> list[str]:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise RetrievalError(f"limit: expected a whole number of lines, got {limit!r}")
+    return retrieval_server_errors(log, limit)
+
+
 class FilterModule:
     """The retrieval role's filters: the memory cap, the graphs' guards and settings, the
     server's config and states, the Kubernetes manifests."""
@@ -141,4 +161,7 @@ class FilterModule:
             "retrieval_k8s_claim_check": retrieval_k8s_claim_check_filter,
             "retrieval_servables": retrieval_servables_filter,
             "retrieval_servable_states": retrieval_servable_states_filter,
+            "retrieval_server_errors": retrieval_server_errors_filter,
+            "retrieval_k8s_pod_verdict": retrieval_k8s_pod_verdict_filter,
+            "retrieval_k8s_reply_states": retrieval_k8s_reply_states_filter,
         }

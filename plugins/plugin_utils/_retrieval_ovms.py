@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_GRAPH",
     "retrieval_servable_states",
     "retrieval_servables",
+    "retrieval_server_errors",
 ]
 
 DEFAULT_GRAPH = "graph.pbtxt"
@@ -319,3 +321,24 @@ def retrieval_servable_states(
         "servables": {v["name"]: v for v in verdicts},
         "text": "; ".join(v["text"] for v in verdicts),
     }
+
+
+# spdlog's lines as OVMS prints them: [time][pid][logger][level] message
+_LOG_LINE = re.compile(
+    r"^\[[^\]]*\]\[[^\]]*\]\[(?P<logger>[^\]]*)\]\[(?P<level>[a-z]+)\] (?P<message>.*)$"
+)
+
+
+def retrieval_server_errors(log: object, limit: int = 8) -> list[str]:
+    """The server's own reasons in its log: the last ``limit`` lines it printed at level
+    ``error`` or ``critical``, as ``logger: message`` (a model it refused says why here, such as
+    ``modelmanager: Mediapipe: bge-reranker-v2-m3 validation failed: Either
+    openvino_tokenizer.xml was not provided or it was not loaded correctly``)."""
+    if not isinstance(log, str):
+        raise RetrievalTypeError(f"log: expected the server's log text, got {type(log).__name__}")
+    found = []
+    for line in log.splitlines():
+        match = _LOG_LINE.match(line.strip())
+        if match and match.group("level") in ("error", "critical"):
+            found.append(f"{match.group('logger')}: {match.group('message')[:400]}")
+    return found[-limit:] if limit > 0 else []

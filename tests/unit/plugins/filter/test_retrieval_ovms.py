@@ -16,6 +16,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
     retrieval_servable_states,
     retrieval_servables,
+    retrieval_server_errors,
 )
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ovms"
@@ -247,3 +248,31 @@ def test_a_servable_the_server_does_not_know() -> None:
 def test_garbage(answer: Any, models: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]")):
         retrieval_servable_states(answer, models)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def test_the_servers_reasons_in_its_log() -> None:
+    """Lines in the shape of OVMS's spdlog output (the stand-in prints the same shape)."""
+    log = "\n".join(
+        [
+            "SIMULATION: cardshare lab stand-in for OpenVINO Model Server (no model runs here)",
+            "[2026-12-04 05:01:02.101][1][serving][info] OpenVINO Model Server 2026.2.1",
+            "[2026-12-04 05:01:40.310][1][modelmanager][error] Mediapipe: bge-reranker-v2-m3 "
+            "validation failed: Either openvino_tokenizer.xml was not provided or it was not "
+            "loaded correctly",
+            "[2026-12-04 05:01:40.311][1][modelmanager][info] Mediapipe: bge-reranker-v2-m3 "
+            "state changed to: LOADING_PRECONDITION_FAILED",
+            "[2026-12-04 05:01:41.000][1][serving][critical] Failed to start REST server",
+        ]
+    )
+    assert retrieval_server_errors(log) == [
+        "modelmanager: Mediapipe: bge-reranker-v2-m3 validation failed: Either "
+        "openvino_tokenizer.xml was not provided or it was not loaded correctly",
+        "serving: Failed to start REST server",
+    ]
+    assert retrieval_server_errors(log, 1) == ["serving: Failed to start REST server"]
+    assert retrieval_server_errors("") == []
+    with pytest.raises(RetrievalTypeError, match="expected the server's log text"):
+        retrieval_server_errors(None)
