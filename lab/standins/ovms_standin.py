@@ -3,8 +3,10 @@
 This is not OVMS and runs no model.  It exists because the lab has no Intel GPU and cannot
 run the real server's inference.  It takes the real ``/ovms/bin/ovms`` command line, reads
 an exported model repository (``config.json`` plus one ``graph.pbtxt`` per servable, as
-``export_model.py`` writes it), loads or fails each servable as OVMS would, and serves
-OVMS's REST API with the real shapes and error texts (``facts.md`` "OpenVINO Model
+``export_model.py`` writes it; servables under ``model_config_list`` and the legacy
+``mediapipe_config_list``, ``base_path`` and ``graph_path`` resolved as the server does, the
+schema's required ``model_config_list`` enforced), loads or fails each servable as OVMS
+would, and serves OVMS's REST API with the real shapes and error texts (``facts.md`` "OpenVINO Model
 Server", ``tests/fixtures/ovms/README.md``; sources: ``openvinotoolkit/model_server`` at
 ``7e4df0c7``):
 
@@ -13,7 +15,8 @@ Server", ``tests/fixtures/ovms/README.md``; sources: ``openvinotoolkit/model_ser
   ``--log_level``, ``--file_system_poll_wait_seconds``, ``--rest_workers``; unknown flags
   exit 2.
 * a servable whose ``openvino_tokenizer.xml`` or ``openvino_model.xml`` is missing, whose
-  graph does not parse, or whose ``target_device`` is neither CPU nor GPU stays LOADING with
+  graph does not parse, or whose ``target_device`` is neither CPU nor GPU (absent: CPU, the
+  options' default up to 2026.2) stays LOADING with
   FAILED_PRECONDITION (the internal ``LOADING_PRECONDITION_FAILED``); the server still
   starts and ``/v2/health/ready`` still answers 200 (the real trap).
 * ``/v2/health/{ready,live}``, ``/v2/models/<name>/ready``, ``/v1/config``,
@@ -96,6 +99,11 @@ REFERENCE_WIDTH = 332
 WIDTH_EXPONENT = 1.78
 
 CALCULATORS = {"EmbeddingsCalculatorOV": "embeddings", "RerankCalculatorOV": "rerank"}
+GRAPH_FILE = "graph.pbtxt"  # mediapipegraphconfig.cpp DEFAULT_GRAPH_FILENAME
+MEDIAPIPE_KEYS = frozenset({"name", "base_path", "graph_path", "subconfig"})  # schema.cpp
+# An absent target_device: the options' default up to 2026.2 (rerank_calculator_ov.proto,
+# embeddings_calculator_ov.proto); the stand-in is that release.
+DEFAULT_TARGET_DEVICE = "CPU"
 OPTION_FIELDS = {
     "embeddings": {
         "models_path",
@@ -399,7 +407,7 @@ def parse_graph(text: str) -> GraphOptions:
         kind=kind,
         node_name=node_name,
         models_path=str(seen["models_path"]),
-        target_device=str(seen.get("target_device", "")),
+        target_device=str(seen.get("target_device", DEFAULT_TARGET_DEVICE)),
         plugin_config=plugin,
         num_streams=_streams(plugin),
         normalize_embeddings=bool(seen.get("normalize_embeddings", True)),
@@ -482,12 +490,12 @@ def _model_window(model_dir: Path) -> int:
     return DEFAULT_MAX_POSITION_EMBEDDINGS
 
 
-def load_servable(name: str, base_path: Path) -> Servable:
+def load_servable(name: str, base_path: Path, graph_path: Path | None = None) -> Servable:
     """Validate one graph as OVMS's loader would; a failure leaves it in
-    LOADING_PRECONDITION_FAILED."""
+    LOADING_PRECONDITION_FAILED.  ``graph_path`` defaults to ``base_path/graph.pbtxt``."""
     servable = Servable(name=name, base_path=base_path)
     try:
-        graph_path = base_path / "graph.pbtxt"
+        graph_path = graph_path or base_path / GRAPH_FILE
         try:
             text = graph_path.read_text()
         except OSError:
@@ -542,29 +550,63 @@ def load_servable(name: str, base_path: Path) -> Servable:
     return servable
 
 
+def _servable_paths(raw: Mapping[str, Any], root: Path) -> tuple[Path, Path]:
+    """``base_path`` and ``graph_path`` as ``MediapipeGraphConfig::parseNode`` sets them: the
+    base relative to the config's directory (the name when absent or empty), the graph relative
+    to the base (``graph.pbtxt`` when absent)."""
+    name = str(raw["name"])
+    base = Path(str(raw.get("base_path") or name))
+    if not base.is_absolute():
+        base = root / base
+    graph = Path(str(raw.get("graph_path") or GRAPH_FILE))
+    if not graph.is_absolute():
+        graph = base / graph
+    return base, graph
+
+
 def load_repository(config_path: Path) -> list[Servable]:
-    """Every servable of ``config.json``'s ``model_config_list``, in order."""
+    """Every servable of ``config.json``: ``mediapipe_config_list`` first (its entries
+    ``{name, base_path, graph_path, subconfig}``, the legacy list), then ``model_config_list``
+    (``{"config": {...}}``; an entry is a graph when its graph file exists, and the stand-in
+    serves graphs only), as ``ModelManager::loadConfig`` reads them.  The schema requires
+    ``model_config_list``."""
     try:
         document = json.loads(config_path.read_text())
     except OSError as exc:
         raise StartupError(f"Couldn't read the configuration file: {config_path}: {exc}") from None
     except ValueError as exc:
         raise StartupError(f"Configuration file is not a valid JSON file: {exc}") from None
-    if not isinstance(document, dict) or not isinstance(
-        document.get("model_config_list", []), list
-    ):
-        raise StartupError("Configuration file is invalid: model_config_list must be a list")
-    servables: list[Servable] = []
-    for entry in document.get("model_config_list", []):
+    invalid = StartupError("Configuration file is not in valid configuration format")
+    if not isinstance(document, dict) or not isinstance(document.get("model_config_list"), list):
+        raise invalid
+    graphs = document.get("mediapipe_config_list", [])
+    if not isinstance(graphs, list):
+        raise invalid
+    root = config_path.resolve().parent
+    entries: list[Mapping[str, Any]] = []
+    for entry in graphs:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or set(entry) - MEDIAPIPE_KEYS
+        ):
+            raise invalid
+        entries.append(entry)
+    for entry in document["model_config_list"]:
         config = entry.get("config") if isinstance(entry, dict) else None
         if not isinstance(config, dict) or not isinstance(config.get("name"), str):
-            raise StartupError("Configuration file is invalid: each entry needs config.name")
-        name = config["name"]
-        raw = config.get("base_path", name)
-        base = Path(str(raw))
-        if not base.is_absolute():
-            base = config_path.resolve().parent / base
-        servables.append(load_servable(name, base))
+            raise invalid
+        entries.append(config)
+    servables: list[Servable] = []
+    seen: set[str] = set()
+    for entry in entries:
+        name = entry["name"]
+        if name in seen:
+            log("error", "modelmanager", f"Mediapipe graph name: {name} is already occupied")
+            continue
+        seen.add(name)
+        base, graph = _servable_paths(entry, root)
+        servables.append(load_servable(name, base, graph))
     return servables
 
 

@@ -29,6 +29,14 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s import (
     claim_problems,
     k8s_manifests,
+    k8s_pod_verdict,
+    k8s_reply_states,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
+    MODELS_MOUNT,
+    retrieval_servable_states,
+    retrieval_servables,
+    retrieval_server_errors,
 )
 
 _filter = filter_errors(RetrievalError)
@@ -106,8 +114,40 @@ def retrieval_k8s_claim_check_filter(
     return claim_problems(request, str(variable))
 
 
+@_filter
+def retrieval_servables_filter(
+    config: object, path: object = "config.json", mount: object = MODELS_MOUNT
+) -> dict[str, dict[str, object]]:
+    return retrieval_servables(config, str(path), str(mount))
+
+
+@_filter
+def retrieval_servable_states_filter(
+    answer: object, models: object = None, pins: object = None
+) -> dict[str, object]:
+    return retrieval_servable_states(answer, models, pins)
+
+
+@_filter
+def retrieval_k8s_pod_verdict_filter(pods: object, container: object = "ovms") -> dict[str, object]:
+    return k8s_pod_verdict(pods, str(container))
+
+
+@_filter
+def retrieval_k8s_reply_states_filter(reply: object, models: object = None) -> dict[str, object]:
+    return k8s_reply_states(reply, models)
+
+
+@_filter
+def retrieval_server_errors_filter(log: object, limit: object = 8) -> list[str]:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise RetrievalError(f"limit: expected a whole number of lines, got {limit!r}")
+    return retrieval_server_errors(log, limit)
+
+
 class FilterModule:
-    """The retrieval role's filters: the memory cap and the rerank graph's guards."""
+    """The retrieval role's filters: the memory cap, the graphs' guards and settings, the
+    server's config and states, the Kubernetes manifests."""
 
     def filters(self) -> dict[str, Callable[..., object]]:
         return {
@@ -119,4 +159,9 @@ class FilterModule:
             "retrieval_reservation_check": retrieval_reservation_check_filter,
             "retrieval_k8s_manifests": retrieval_k8s_manifests_filter,
             "retrieval_k8s_claim_check": retrieval_k8s_claim_check_filter,
+            "retrieval_servables": retrieval_servables_filter,
+            "retrieval_servable_states": retrieval_servable_states_filter,
+            "retrieval_server_errors": retrieval_server_errors_filter,
+            "retrieval_k8s_pod_verdict": retrieval_k8s_pod_verdict_filter,
+            "retrieval_k8s_reply_states": retrieval_k8s_reply_states_filter,
         }

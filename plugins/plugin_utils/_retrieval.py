@@ -893,7 +893,11 @@ def retrieval_graph_settings_check(
     every graph at export time, so the server's device and its streams are read from the
     graphs, not set at run time.  Each calculator's options block must name
     ``target_device`` (``GPU`` or ``CPU``: a CPU export given as the card's tree serves on the
-    CPU without a word) and carry ``NUM_STREAMS`` equal to ``num_streams``
+    CPU without a word); a graph that names none passes for the CPU (``ovms --pull`` writes
+    no ``target_device`` line unless one is asked for since 2026.3; the field's default is
+    ``CPU`` up to 2026.2, and a server without a GPU has nothing else) and is refused for the
+    GPU (from 2026.3 the server would choose a device itself, a discrete card before the
+    iGPU).  Each block must carry ``NUM_STREAMS`` equal to ``num_streams``
     (``retrieval_num_streams``), which the memory plan assumes: each stream holds its own
     pinned pools.
     """
@@ -915,7 +919,16 @@ def retrieval_graph_settings_check(
     problems: list[str] = []
     for calculator, block in blocks:
         device = _string_field(block, "target_device")
-        if device != target_device:
+        if device is None and target_device == "CPU":
+            pass  # CPU: the field's default up to 2026.2, and the only device a CPU server has
+        elif device is None:
+            problems.append(
+                f"graph: {calculator}: sets no target_device, expected {target_device!r}; OVMS up "
+                "to 2026.2 serves such a graph on the CPU (the field's default), later releases on "
+                "whichever GPU they find first (a discrete card before the iGPU): re-export with "
+                f"--target_device {target_device}"
+            )
+        elif device != target_device:
             problems.append(
                 f"graph: {calculator}: target_device is {device!r}, expected {target_device!r}; "
                 f"this tree was exported for another device: give the {target_device.lower()}/ "

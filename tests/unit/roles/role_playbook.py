@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,16 @@ WRITE_OUTCOMES = """\
 
 
 def run_cases(
-    workdir: Path, playbook: str, cases: Mapping[str, Mapping[str, Any]]
+    workdir: Path,
+    playbook: str,
+    cases: Mapping[str, Mapping[str, Any]],
+    collections_before: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Run ``playbook`` (ending with :data:`WRITE_OUTCOMES`) in ``workdir`` once, with one
     inventory host per case (its host variables, plus ``out_dir``), and return
     ``{case: its case_outcome}``. A case without an outcome fails the test with Ansible's
-    output."""
+    output. ``collections_before`` are searched for collections before the checkout's (a
+    test's stand-in of another collection)."""
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = workdir / "out"
     out_dir.mkdir()
@@ -78,7 +82,9 @@ def run_cases(
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+            [*(str(p) for p in collections_before), str(COLLECTIONS)]
+        ),
         "ANSIBLE_LOCAL_TEMP": str(workdir / "tmp"),
         "ANSIBLE_NOCOLOR": "1",
     }

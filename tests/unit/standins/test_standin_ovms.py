@@ -357,6 +357,80 @@ def test_a_broken_servable_fails_alone(
     assert logged in server.output()
 
 
+# -- the server's config.json ------------------------------------------------------------------
+
+
+def test_a_config_with_only_the_mediapipe_list_serves_both(
+    tmp_path: Path, start: Callable[..., Ovms]
+) -> None:
+    config = repository(tmp_path)
+    shutil.copy(FIXTURES / "config.mediapipe.json", config)
+    server = start(config)
+    assert server.get(f"/v2/models/{EMBED}/ready") == (200, b"")
+    assert server.get(f"/v2/models/{RERANK}/ready") == (200, b"")
+    assert server.get("/v1/config")[1] == (FIXTURES / "v1-config.available.json").read_bytes()
+
+
+def test_graph_path_and_base_path_resolve_as_the_server_resolves_them(
+    tmp_path: Path, start: Callable[..., Ovms]
+) -> None:
+    config = repository(tmp_path)
+    (config.parent / RERANK / "graph.pbtxt").rename(config.parent / RERANK / "rerank.pbtxt")
+    (config.parent / EMBED).rename(config.parent / "embeddings")
+    document = {
+        "model_config_list": [
+            {"config": {"name": RERANK, "base_path": RERANK, "graph_path": "rerank.pbtxt"}}
+        ],
+        "mediapipe_config_list": [{"name": EMBED, "base_path": "embeddings/"}],
+    }
+    config.write_text(json.dumps(document))
+    server = start(config)
+    doc = json.loads(server.get("/v1/config")[1])
+    assert [doc[m]["model_version_status"][0]["state"] for m in (EMBED, RERANK)] == [
+        "AVAILABLE",
+        "AVAILABLE",
+    ]
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"mediapipe_config_list": [{"name": EMBED, "base_path": EMBED}]},
+        {"model_config_list": [], "mediapipe_config_list": [{"name": EMBED, "nireq": 1}]},
+    ],
+    ids=["no-model-config-list", "unknown-key"],
+)
+def test_a_config_the_schema_refuses_stops_the_server(tmp_path: Path, document: Any) -> None:
+    config = repository(tmp_path)
+    config.write_text(json.dumps(document))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config_path", str(config), "--rest_port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "STANDIN_LOAD_SECONDS": "0"},
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Configuration file is not in valid configuration format" in result.stdout
+
+
+def test_a_graph_without_target_device_serves_on_the_cpu(
+    tmp_path: Path, start: Callable[..., Ovms], card_root: Path
+) -> None:
+    """The options' default up to 2026.2 (the stand-in's release): what `ovms --pull` writes
+    since 2026.3 serves on the CPU, holding no GPU memory."""
+    config = repository(tmp_path)
+    for model, fixture in ((EMBED, "embeddings"), (RERANK, "rerank")):
+        shutil.copy(FIXTURES / f"{fixture}-graph.pull.pbtxt", config.parent / model / "graph.pbtxt")
+    server = start(config, CARDSHARE_SIM_ROOT=str(card_root))
+    assert server.get(f"/v2/models/{RERANK}/ready") == (200, b"")
+    assert server.rerank([RELEVANT, *UNRELATED])[0] == 200
+    memory = server.memory()
+    assert memory["servables"][RERANK]["device"] == "CPU"
+    assert memory["resident_bytes"] == 0
+
+
 # -- the rerank guard ---------------------------------------------------------------------------
 
 

@@ -42,6 +42,9 @@ PARAMS: dict[str, Any] = {
     "namespace": "retrieval",
     "device_class": "gpu.intel.com",
     "claim_request": {},
+    "device": "igpu",
+    "pci_bus_id": "any",  # the pin has tests of its own
+    "render_gid": None,
     "image": "openvino/model_server:2026.2.1-gpu",
     "command": ["--config_path", "/models/config.json", "--rest_port", "8000"],
     "model_image": "registry.example/ovms-retrieval-models:2026.2.1-r3",
@@ -93,8 +96,10 @@ def walk(value: object) -> Iterator[tuple[str | None, object]]:
     [
         {},
         {"node_name": "node-a", "storage_class": "longhorn", "claim_request": {"tolerations": []}},
+        {"pci_bus_id": "auto", "render_gid": 105},
+        {"device": "card", "pci_bus_id": "auto", "claim_request": {"selectors": []}},
     ],
-    ids=["defaults", "pinned"],
+    ids=["defaults", "pinned", "igpu-pin-render-group", "card-pin"],
 )
 def test_every_manifest_is_valid_for_the_official_schema(
     version: str, changes: dict[str, Any]
@@ -146,6 +151,7 @@ def test_no_capacity_anywhere_in_keys_or_values() -> None:
 
 
 CEL = 'device.capacity["gpu.intel.com"].memory.compareTo(quantity("2Gi")) >= 0'
+CEL_INDEX = "device.capacity['gpu.intel.com']['memory'] > quantity('1Gi')"
 
 
 @pytest.mark.parametrize(
@@ -158,11 +164,14 @@ CEL = 'device.capacity["gpu.intel.com"].memory.compareTo(quantity("2Gi")) >= 0'
             "selectors[0].cel.expression",
         ),
         (
-            {"tolerations": [], "selectors": [{"cel": {"expression": "device.CAPACITY.x"}}]},
+            {
+                "tolerations": [],
+                "selectors": [{"cel": {"expression": CEL_INDEX}}],
+            },
             "selectors[0].cel.expression",
         ),
     ],
-    ids=["capacity-key", "cel-capacity", "cel-memory-attribute", "cel-upper-case"],
+    ids=["capacity-key", "cel-capacity", "cel-memory-attribute", "cel-index-form"],
 )
 def test_a_claim_on_memory_is_refused_naming_it(request_extra: Any, named: str) -> None:
     problems = FILTERS["retrieval_k8s_claim_check"](request_extra)
@@ -181,6 +190,84 @@ def test_a_selector_that_does_not_speak_of_memory_is_kept() -> None:
         "devices"
     ]["requests"][0]
     assert request["exactly"]["selectors"] == extra["selectors"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # the word alone filters on nothing: a toleration's key, a model's name, another capacity
+        {"tolerations": [{"key": "example.com/memory-pressure", "operator": "Exists"}]},
+        {
+            "selectors": [
+                {"cel": {"expression": 'device.attributes["gpu.intel.com"].model == "memory-x"'}}
+            ]
+        },
+        {"capacity": {"requests": {"millicores": "500m"}}},
+    ],
+    ids=["toleration-key", "cel-string-literal", "capacity-millicores"],
+)
+def test_what_merely_says_memory_is_kept(extra: dict[str, Any]) -> None:
+    assert claim_problems(extra) == []
+    request = by_kind(rendered(claim_request=extra), "ResourceClaimTemplate")
+    assert request["spec"]["spec"]["devices"]["requests"][0]["exactly"].items() >= extra.items()
+
+
+# -- the pin -------------------------------------------------------------------------------
+
+READ_BUS_ID = (
+    '("pciBusID" in device.attributes["resource.kubernetes.io"] ? '
+    'device.attributes["resource.kubernetes.io"].pciBusID : '
+    'device.attributes["gpu.intel.com"].pciAddress)'
+)
+
+
+@pytest.mark.parametrize(
+    ("device", "bus_id", "expression"),
+    [
+        ("igpu", "auto", READ_BUS_ID + ' == "0000:00:02.0"'),
+        ("card", "auto", READ_BUS_ID + ' != "0000:00:02.0"'),
+        ("card", "0000:03:00.0", READ_BUS_ID + ' == "0000:03:00.0"'),
+        ("igpu", "0000:00:02.0", READ_BUS_ID + ' == "0000:00:02.0"'),
+        ("card", "any", None),
+    ],
+)
+def test_the_claim_is_pinned_by_pci_address(
+    device: str, bus_id: str, expression: str | None
+) -> None:
+    user = {"cel": {"expression": 'device.attributes["gpu.intel.com"].family == "Arc"'}}
+    claim = by_kind(
+        rendered(device=device, pci_bus_id=bus_id, claim_request={"selectors": [user]}),
+        "ResourceClaimTemplate",
+    )
+    selectors = claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert selectors == [user] + ([{"cel": {"expression": expression}}] if expression else [])
+    assert claim_problems(claim, "claim") == []
+
+
+@pytest.mark.parametrize("bus_id", ["igpu", "00:02.0", "0000:00:02.8", None])
+def test_a_bad_pin_names_the_variable(bus_id: object) -> None:
+    with pytest.raises(RetrievalError, match="retrieval_k8s_pci_bus_id is"):
+        rendered(pci_bus_id=bus_id)
+
+
+def test_the_render_group_is_a_supplemental_group_of_the_pods_with_the_device() -> None:
+    files = rendered(render_gid=105)
+    server = by_kind(files, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert server["supplementalGroups"] == [105]
+    assert (server["runAsUser"], server["runAsGroup"]) == (5000, 5000)
+    pods = {d["metadata"]["name"]: d for d in files["cpu_arm"] + files["negative_control"]}
+    assert pods["ovms-retrieval-negative-control"]["spec"]["securityContext"][
+        "supplementalGroups"
+    ] == [105]
+    assert "supplementalGroups" not in pods["ovms-retrieval-cpu-arm"]["spec"]["securityContext"]
+    none = by_kind(rendered(), "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert "supplementalGroups" not in none
+
+
+@pytest.mark.parametrize("gid", [0, -1, "render", True, 2**31])
+def test_a_bad_render_group_names_the_variable(gid: object) -> None:
+    with pytest.raises(RetrievalError, match="retrieval_k8s_render_gid is"):
+        rendered(render_gid=gid)
 
 
 @pytest.mark.parametrize("key", ["deviceClassName", "allocationMode", "count"])
@@ -402,3 +489,147 @@ def test_an_interrupted_seed_leaves_no_marker_and_runs_again(tree: Path) -> None
     copied = files_under(dest)
     copied.pop(".cardshare-seed")
     assert copied == files_under(tree / "models-src" / "gpu")
+
+
+# -- the wait ------------------------------------------------------------------------------
+
+
+def _pod(
+    phase: str = "Running",
+    init: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+    ready: bool = False,
+    scheduled: dict[str, Any] | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """A pod as the API server lists it (the fields the verdict reads)."""
+    metadata: dict[str, Any] = {"name": "ovms-retrieval-6b7f9c8d5-x2k4q"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-04T05:00:00Z"
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [
+            scheduled or {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True" if ready else "False"},
+        ],
+    }
+    if init is not None:
+        status["initContainerStatuses"] = [
+            {"name": "seed-models", "restartCount": 0, "state": init}
+        ]
+    if server is not None:
+        status["containerStatuses"] = [{"name": "ovms", "restartCount": 2, "state": server}]
+    return {"metadata": metadata, "spec": {"nodeName": "node-a"}, "status": status}
+
+
+DONE = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+RUN = {"running": {"startedAt": "2026-12-04T05:01:00Z"}}
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/1 nodes are available: 1 cannot allocate all claims.",
+}
+
+
+@pytest.mark.parametrize(
+    ("pods", "state", "said"),
+    [
+        ([], "waiting", "no pod of the server yet"),
+        ([_pod(deleting=True, server=RUN)], "waiting", "(1 old one(s) still terminating)"),
+        ([_pod("Pending", scheduled=UNSCHEDULABLE)], "waiting", "cannot allocate all claims"),
+        ([_pod("Pending", init=RUN)], "waiting", "seed-models: running"),
+        ([_pod(init=DONE, server=RUN)], "started", "ovms: running"),
+        ([_pod(init=DONE, server=RUN, ready=True)], "ready", "ovms: running"),
+        ([_pod(init=DONE, server=RUN), _pod(init=DONE, server=RUN)], "waiting", "2 pods"),
+        (
+            [_pod("Pending", init={"waiting": {"reason": "ImagePullBackOff", "message": "nope"}})],
+            "failed",
+            "seed-models: waiting ImagePullBackOff nope",
+        ),
+        (
+            [_pod("Pending", init={"waiting": {"reason": "ErrImagePull"}})],
+            "waiting",
+            "ErrImagePull",
+        ),
+        (
+            [
+                _pod(
+                    init=DONE,
+                    server={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                )
+            ],
+            "failed",
+            "ovms: waiting CrashLoopBackOff back-off (restarts 2)",
+        ),
+        ([_pod("Failed", init=DONE)], "failed", "Failed"),
+    ],
+)
+def test_the_pod_verdict(pods: list[dict[str, Any]], state: str, said: str) -> None:
+    verdict = FILTERS["retrieval_k8s_pod_verdict"](pods)
+    assert verdict["state"] == state, verdict
+    assert said in verdict["text"], verdict
+
+
+def test_a_crash_says_how_the_last_run_ended() -> None:
+    server = {
+        "name": "ovms",
+        "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+    }
+    server["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": "bad cfg"}}
+    pod = _pod(init=DONE)
+    pod["status"]["containerStatuses"] = [server]
+    verdict = FILTERS["retrieval_k8s_pod_verdict"]([pod])
+    assert "last ended Error exit 1: bad cfg" in verdict["text"]
+    with pytest.raises(AnsibleFilterError, match="expected k8s_info's resources"):
+        FILTERS["retrieval_k8s_pod_verdict"]({"resources": []})
+
+
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ovms"
+MODELS = ["bge-m3", "bge-reranker-v2-m3"]
+
+
+def _reply(body: str, status: str = "200 OK") -> str:
+    headers = f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+    return f"HTTP/1.1 {status}\r\n{headers}\r\n\r\n{body}"
+
+
+@pytest.mark.parametrize(
+    ("reply", "settled", "available", "said"),
+    [
+        ("", False, [], "/v1/config did not answer yet"),
+        ("bash: connect: Connection refused", False, [], "did not answer yet"),
+        (_reply("{}", "404 Not Found"), False, [], "/v1/config answered 'HTTP/1.1 404"),
+        (_reply("<html>"), False, [], "/v1/config answered what is not JSON"),
+        (
+            _reply((FIXTURES / "v1-config.rerank-failed.json").read_text()),
+            True,
+            ["bge-m3"],
+            "version 1 LOADING (FAILED_PRECONDITION)",
+        ),
+        (
+            _reply((FIXTURES / "v1-config.two-versions.json").read_text()),
+            True,
+            MODELS,
+            "bge-m3: serves version 2",
+        ),
+        (
+            _reply(
+                (FIXTURES / "v1-config.available.json")
+                .read_text()
+                .replace('"AVAILABLE"', '"LOADING"', 1)
+            ),
+            False,
+            ["bge-reranker-v2-m3"],
+            "bge-m3: no version AVAILABLE; version 1 LOADING (OK)",
+        ),
+    ],
+    ids=["nothing", "refused", "404", "garbage", "failed", "served", "loading"],
+)
+def test_the_servers_answer_in_the_pod(
+    reply: str, settled: bool, available: list[str], said: str
+) -> None:
+    states = FILTERS["retrieval_k8s_reply_states"](reply, MODELS)
+    assert (states["settled"], states["available"]) == (settled, available), states
+    assert said in states["text"]

@@ -377,9 +377,14 @@ def test_filter_names() -> None:
         "retrieval_graph_settings_check",
         "retrieval_k8s_claim_check",
         "retrieval_k8s_manifests",
+        "retrieval_k8s_pod_verdict",
+        "retrieval_k8s_reply_states",
         "retrieval_memory_plan",
         "retrieval_rerank_probe",
         "retrieval_reservation_check",
+        "retrieval_servable_states",
+        "retrieval_servables",
+        "retrieval_server_errors",
     ]
 
 

@@ -22,6 +22,9 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval impor
 FIXTURES = Path(__file__).resolve().parents[2] / ".." / "fixtures" / "ovms"
 RERANK_GPU = (FIXTURES / "rerank-graph.gpu.pbtxt").read_text()
 EMBED_GPU = (FIXTURES / "embeddings-graph.gpu.pbtxt").read_text()
+# what `ovms --pull` writes without --target_device since 2026.3: no target_device line
+RERANK_PULL = (FIXTURES / "rerank-graph.pull.pbtxt").read_text()
+EMBED_PULL = (FIXTURES / "embeddings-graph.pull.pbtxt").read_text()
 
 
 @pytest.mark.parametrize("graph", [RERANK_GPU, EMBED_GPU])
@@ -29,6 +32,19 @@ def test_an_export_for_the_gpu_with_one_stream_passes(graph: str) -> None:
     assert retrieval_graph_settings_check(graph, 1, "GPU") == []
     cpu = graph.replace('"GPU"', '"CPU"')
     assert retrieval_graph_settings_check(cpu, 1, "CPU") == []
+
+
+@pytest.mark.parametrize("graph", [RERANK_PULL, EMBED_PULL])
+def test_a_pulled_graph_without_target_device_passes_for_the_cpu(graph: str) -> None:
+    assert "target_device" not in graph
+    assert retrieval_graph_settings_check(graph, 1, "CPU") == []
+
+
+@pytest.mark.parametrize("graph", [RERANK_PULL, EMBED_PULL])
+def test_a_graph_without_target_device_is_refused_for_the_gpu(graph: str) -> None:
+    (problem,) = retrieval_graph_settings_check(graph, 1, "GPU")
+    assert "sets no target_device, expected 'GPU'" in problem
+    assert "re-export with --target_device GPU" in problem
 
 
 def test_a_cpu_tree_given_for_the_gpu_is_named() -> None:
