@@ -134,7 +134,14 @@ def history(tmp_path: Path) -> list[str]:
         "interval_seconds": 60,
         "cards": {
             "0000:03:00.0": {
-                "clients": [{"name": "campaign/encoder", "vram_bytes": GB, "engines": {"vcs": 0.5}}]
+                "clients": [
+                    {
+                        "name": "campaign/encoder",
+                        "kind": "container",
+                        "vram_bytes": GB,
+                        "engines": {"vcs": 0.5},
+                    }
+                ]
             }
         },
     }
@@ -154,7 +161,7 @@ def test_the_report_has_the_campaigns_line(
         == "month 2026-12: 1 scans from 2026-12-20T12:00:00Z to 2026-12-20T12:00:00Z"
     )
     # the encoder's minute on the card, then what the campaign won in the month
-    assert text.splitlines()[2].startswith("campaign/encoder  0000:03:00.0  1.0 ")
+    assert text.splitlines()[2].startswith("campaign/encoder  container  0000:03:00.0  1.0 ")
     assert text.splitlines()[3:] == [
         "re-encode campaign: 2 file(s) replaced, 48.0 GB won back in 20.0 min of encoding; "
         "1 failed (originals kept; `cardshare campaign status` says why); "
