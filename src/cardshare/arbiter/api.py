@@ -110,6 +110,7 @@ def job_doc(job: Job) -> dict[str, Any]:
         "state": job.state.value,
         "reason": job.reason,
         "attempts": job.attempts,
+        "restarts": job.restarts,
         "cancel_requested": job.cancel_requested,
         "outputs": [f"/v1/jobs/{job.id}/outputs/{n}" for n in range(job.outputs)],
         "created": job.created,

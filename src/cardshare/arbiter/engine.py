@@ -17,7 +17,7 @@ import shutil
 import sqlite3
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -114,6 +114,8 @@ class Alert(StrEnum):
     IMAGE_START_FAILED = "image_start_failed"  # in a row: swaps to image back off
     IMAGE_STOP_FAILED = "image_stop_failed"  # vLLM stays stopped until ComfyUI is
     IMAGE_CRASHED = "image_crashed"  # ComfyUI exited or hung under a job
+    # comfyui_max_restarts_per_hour spent: the card went back to vLLM, the jobs wait
+    IMAGE_RESTART_LIMIT = "image_restart_limit"
     IMAGE_RELEASE_TIMEOUT = "image_release_timeout"
     IMAGE_OOM_KILLED = "image_oom_killed"
     DOCKER = "docker"
@@ -205,6 +207,7 @@ class Engine:
         self.image_failure = ""
         self.image_stop_failures = 0
         self.comfy_unanswered = 0
+        self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
         self.pending_restart: str | None = None  # a failed poison job may still run there
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
         self.heartbeat = now
@@ -938,7 +941,12 @@ class Engine:
         deadline = self.clock.now() + self.config.image_ready_timeout_seconds
         while True:
             if await self._waiting(self.comfy.ready()):
-                self._clear(Alert.IMAGE_NOT_READY, Alert.IMAGE_OOM_KILLED, Alert.IMAGE_START_FAILED)
+                self._clear(
+                    Alert.IMAGE_NOT_READY,
+                    Alert.IMAGE_OOM_KILLED,
+                    Alert.IMAGE_START_FAILED,
+                    Alert.IMAGE_RESTART_LIMIT,
+                )
                 self.image_failures = 0
                 self.image_failure = ""
                 self.comfy_unanswered = 0
@@ -1021,9 +1029,37 @@ class Engine:
         finally:
             self.current_job = None
 
+    def _restart_budget(self) -> Result | None:
+        """None when ComfyUI may be restarted once more this hour (the restart is counted);
+        else the card goes back to vLLM, alerted, and no swap to image starts until the
+        oldest restart of the hour is an hour old: a fault that restarts do not cure (a
+        ``/view`` that keeps failing) never keeps the card in image mode restarting."""
+        now = self.clock.now()
+        while self.image_restarts and now - self.image_restarts[0] >= RESTART_WINDOW_SECONDS:
+            self.image_restarts.popleft()
+        limit = self.config.comfyui_max_restarts_per_hour
+        if len(self.image_restarts) < limit:
+            self.image_restarts.append(now)
+            return None
+        wait = self.image_restarts[0] + RESTART_WINDOW_SECONDS - now
+        message = (
+            f"ComfyUI was restarted {len(self.image_restarts)} times in the last hour "
+            f"(comfyui_max_restarts_per_hour {limit}): a fault that restarts do not cure; the "
+            f"card goes back to vLLM, {self.store.queue_length()} job(s) kept queued, the next "
+            f"swap to image in {wait:.0f} s"
+        )
+        self._alert(Alert.IMAGE_RESTART_LIMIT, message)
+        self.image_failures = max(self.image_failures, 1)
+        self.image_retry_at = now + wait
+        self.image_failure = f"{limit} restarts of ComfyUI in the last hour"
+        return Result(Outcome.FAILED, message)
+
     async def _restart_image(self) -> Result:
         """Restart means restart: interrupt the running prompt, clear ComfyUI's queue,
         restart the container and prove it by a new start time."""
+        spent = self._restart_budget()
+        if spent is not None:
+            return spent
         for call in (self.comfy.interrupt, self.comfy.clear_queue):
             try:
                 await self._waiting(call())
@@ -1553,9 +1589,18 @@ class Engine:
         self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
         if job.prompt_id is not None:
             job = self.store.set_prompt_id(job.id, None)
-        self.store.note(job.id, reason)
+        # every restart counts against the job, also one before its first attempt (a look
+        # for its files that fails): a fault that outlives restarts ends the job
+        job = self.store.count_restart(job.id, reason)
         if job.attempts >= self.config.job_max_attempts:
             self._finish(job, JobState.FAILED, f"{reason}; gave up after {job.attempts} attempt(s)")
+        elif job.restarts >= self.config.job_max_restarts:
+            self._finish(
+                job,
+                JobState.FAILED,
+                f"{reason}; gave up after {job.restarts} restarts of ComfyUI for this job "
+                f"(job_max_restarts {self.config.job_max_restarts})",
+            )
         return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
 
     def _finish(self, job: Job, state: JobState, reason: str, outputs: int = 0) -> None:
@@ -1679,6 +1724,9 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.START_LLM: Engine._start_llm,
     Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
 }
+
+# comfyui_max_restarts_per_hour counts the restarts of this long
+RESTART_WINDOW_SECONDS = 3600.0
 
 # a save node's batch larger than this is not looked for on disk
 MAX_SAVED_PER_NODE = 256

@@ -74,7 +74,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     errors INTEGER NOT NULL DEFAULT 0,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    saved TEXT
+    saved TEXT,
+    restarts INTEGER NOT NULL DEFAULT 0
 );
 -- ComfyUI's largest VRAM seen while a workflow ran, by its signature (plans.workflow_signature)
 CREATE TABLE IF NOT EXISTS workflow_peaks (
@@ -90,6 +91,7 @@ _JOB_COLUMNS_ADDED = (
     ("errors", "INTEGER NOT NULL DEFAULT 0"),
     ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
     ("saved", "TEXT"),
+    ("restarts", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # what Store.daily_counts counts per day
@@ -130,6 +132,7 @@ class Job:
     # the files ComfyUI's history reported saved, (filename, subfolder, type): the prompt
     # ran; from then on the outputs are fetched, the prompt is never run again
     saved: tuple[tuple[str, str, str], ...] | None = None
+    restarts: int = 0  # restarts of ComfyUI this job caused (it died or hung under it)
 
 
 @dataclass(frozen=True)
@@ -384,7 +387,7 @@ class Store:
 
     _JOB_COLS = (
         "id, state, workflow, inputs, reason, attempts, prompt_id, outputs, created, started,"
-        " finished, errors, cancel_requested, saved"
+        " finished, errors, cancel_requested, saved, restarts"
     )
 
     @staticmethod
@@ -406,6 +409,7 @@ class Store:
             saved=None
             if row[13] is None
             else tuple((str(f), str(d), str(k)) for f, d, k in json.loads(str(row[13]))),
+            restarts=int(row[14]),  # type: ignore[call-overload]
         )
 
     def add_job(
@@ -491,6 +495,10 @@ class Store:
     def engine_error(self, job_id: str, reason: str) -> Job:
         """Count an unexpected error of the arbiter while it ran this job."""
         return self._update(job_id, "errors = errors + 1, reason = ?", (reason,))
+
+    def count_restart(self, job_id: str, reason: str) -> Job:
+        """Count a restart of ComfyUI caused by this job (it died or hung under it)."""
+        return self._update(job_id, "restarts = restarts + 1, reason = ?", (reason,))
 
     def workflow_peak(self, signature: str) -> int | None:
         """ComfyUI's largest VRAM seen under the workflow signature, None when never run."""
