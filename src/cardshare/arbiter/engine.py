@@ -80,7 +80,14 @@ from cardshare.arbiter.rules import (
     should_swap_to_image,
     update_activity,
 )
-from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, next_phase
+from cardshare.arbiter.states import (
+    HANDBACK_PHASES,
+    MODE_OF,
+    Mode,
+    Outcome,
+    Phase,
+    next_phase,
+)
 from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
 from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import ContainerState, DockerError, docker_time
@@ -210,6 +217,9 @@ class Engine:
         self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
         self.pending_restart: str | None = None  # a failed poison job may still run there
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
+        # a move toward vLLM taken while the database could not be written: the state in
+        # memory is ahead of the database's until storage works again
+        self.unwritten: str | None = None
         self.heartbeat = now
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
@@ -296,10 +306,38 @@ class Engine:
 
     def _move(self, to: Phase, outcome: Outcome, reason: str) -> None:
         log.info("%s -> %s (%s): %s", self.state.phase, to, outcome, reason)
-        self.state = self.store.transition(
-            to, outcome, reason, self.clock.now(), waited_seconds=self._waited
-        )
+        now = self.clock.now()
+        try:
+            self.state = self.store.transition(
+                to, outcome, reason, now, waited_seconds=self._waited
+            )
+        except Exception as exc:
+            if not is_storage_error(exc) or to not in SAFE_WITHOUT_STORE:
+                raise
+            # the way back to vLLM never waits for the disk: taken in memory (the database's
+            # phase converges on a restart, as after a kill), written once storage works
+            self.unwritten = f"{to} ({outcome}: {reason})"[:300]
+            self._alert(
+                Alert.STORAGE,
+                f"the database cannot be written ({type(exc).__name__}: {exc}); the card goes "
+                "back to vLLM without it, jobs are paused and new ones refused until it works",
+            )
+            mode_since = self.state.mode_since if MODE_OF[to] is self.mode else now
+            self.state = MachineState(to, now, mode_since, self.state.swap_id, None)
         self._waited = 0.0
+
+    async def _write_state(self) -> None:
+        """Storage works again: the state taken in memory goes into the database."""
+        if self.unwritten is None:
+            return
+        self.state = self.store.transition(
+            self.state.phase,
+            Outcome.RESUME,
+            f"storage works again; taken while it failed: {self.unwritten}",
+            self.clock.now(),
+        )
+        log.info("storage works again: phase %s written", self.state.phase)
+        self.unwritten = None
 
     async def _card_view(self, newer_than: float | None) -> CardView:
         view = await self.card.read(newer_than)
@@ -447,6 +485,12 @@ class Engine:
             probe.unlink()
         except OSError as exc:
             return f"cannot write to {self.config.data_dir}: {exc.strerror or exc}"
+        try:
+            self.store.probe_write(self.clock.now())
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            return f"cannot write the database {self.store.path}: {type(exc).__name__}: {exc}"
         return None
 
     # -- resume ----------------------------------------------------------------------------
@@ -512,7 +556,12 @@ class Engine:
     # -- the loop --------------------------------------------------------------------------
 
     async def step(self) -> None:
-        """Run the current phase's action once; transition on its outcome."""
+        """Run the current phase's action once; transition on its outcome. While the data
+        directory fails, a swap to image is abandoned for the way back to vLLM."""
+        abort = STORAGE_ABORTS.get(self.state.phase)
+        if abort is not None and self.storage_paused is not None:
+            self.transition(abort, f"the data directory fails: {self.storage_paused}")
+            return
         action = PHASE_ACTIONS[self.state.phase]
         result = await action(self)
         if result is not None:
@@ -591,7 +640,7 @@ class Engine:
                 self.storage_paused = problem
                 if problem is not None:
                     self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
-                else:
+                elif self.unwritten is None or await self.guarded(self._write_state):
                     self._clear(Alert.STORAGE)
                 if not await self.guarded(self.step):
                     await self._sleep(self._backoff())
@@ -1723,6 +1772,18 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.WAIT_IMAGE_RELEASE: Engine._wait_image_release,
     Phase.START_LLM: Engine._start_llm,
     Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
+}
+
+# the moves taken in memory when the database cannot be written: toward vLLM serving
+SAFE_WITHOUT_STORE = frozenset((*HANDBACK_PHASES, Phase.SERVE_LLM))
+# a swap to image (or a restart of ComfyUI) under way when the data directory fails: the
+# outcome that turns it back toward vLLM
+STORAGE_ABORTS: dict[Phase, Outcome] = {
+    Phase.STOP_LLM: Outcome.FAILED,
+    Phase.WAIT_LLM_RELEASE: Outcome.TIMEOUT,
+    Phase.START_IMAGE: Outcome.FAILED,
+    Phase.WAIT_IMAGE_READY: Outcome.FAILED,
+    Phase.RESTART_IMAGE: Outcome.FAILED,
 }
 
 # comfyui_max_restarts_per_hour counts the restarts of this long

@@ -77,6 +77,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     saved TEXT,
     restarts INTEGER NOT NULL DEFAULT 0
 );
+-- written by the arbiter's storage probe: the database takes a write
+CREATE TABLE IF NOT EXISTS probe (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at REAL NOT NULL
+);
 -- ComfyUI's largest VRAM seen while a workflow ran, by its signature (plans.workflow_signature)
 CREATE TABLE IF NOT EXISTS workflow_peaks (
     signature TEXT PRIMARY KEY,
@@ -303,6 +308,11 @@ class Store:
                 (to.value, phase_since, mode_since, swap_id, image_since),
             )
         return MachineState(to, phase_since, mode_since, swap_id, image_since)
+
+    def probe_write(self, now: float) -> None:
+        """Write one row: raises when the database cannot take a write (full, read-only)."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO probe VALUES (1, ?)", (now,))
 
     def transitions(self, limit: int = 50) -> list[tuple[float, str, str, str, str]]:
         rows = self.conn.execute(

@@ -3,13 +3,18 @@ not cure, against the fakes of arbiter_fakes."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.engine import Alert, Engine
-from cardshare.arbiter.states import Phase
+from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import JobState
 
 
@@ -73,3 +78,58 @@ async def test_the_restarts_of_an_hour_are_bounded_then_the_card_goes_back(
     await run_until(engine, in_llm_with_no_jobs, max_steps=100_000)
     assert Alert.IMAGE_RESTART_LIMIT not in engine.alerts
     assert [engine.store.job(i).state for i in ids][1:] == [JobState.DONE, JobState.DONE]  # type: ignore[union-attr]
+
+
+# -- a database that cannot be written ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    ["attempt to write a readonly database", "database or disk is full", "disk I/O error"],
+)
+async def test_a_database_that_cannot_be_written_gives_the_card_back_to_vllm(
+    tmp_path: Path, error: str
+) -> None:
+    """Every write of the database fails while a job runs: the handback could not be
+    written, and vLLM stayed stopped until storage healed (the card pinned in image mode).
+    Now the way back to vLLM is taken in memory; new jobs are refused meanwhile; once the
+    database works the state is written and the jobs end, each run once."""
+    world = World(FakeClock(), job_seconds=5.0)
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    ids = submit(engine, 2)
+    store = engine.store
+    real_tx = store._tx
+
+    @contextmanager
+    def broken() -> Iterator[Any]:
+        raise sqlite3.OperationalError(error)
+        yield  # pragma: no cover
+
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(engine.run(stop))
+    for _ in range(20_000):
+        await asyncio.sleep(0)
+        if world.queue:  # ComfyUI runs the first job
+            break
+    assert engine.mode is Mode.IMAGE
+    store._tx = broken  # type: ignore[method-assign]
+    for _ in range(20_000):
+        await asyncio.sleep(0)
+        if engine.state.phase is Phase.SERVE_LLM and world.llm.running:
+            break
+    assert engine.state.phase is Phase.SERVE_LLM and engine.mode is Mode.LLM
+    assert world.llm.running and not world.image.running
+    assert store.machine(0.0).phase is not Phase.SERVE_LLM  # not written: taken in memory
+    assert error in engine.alerts[Alert.STORAGE] or "database" in engine.alerts[Alert.STORAGE]
+    assert engine.unwritten is not None
+    store._tx = real_tx  # type: ignore[method-assign]
+    for _ in range(50_000):
+        await asyncio.sleep(0)
+        if store.queue_length() == 0 and engine.state.phase is Phase.SERVE_LLM:
+            break
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert [store.job(i).state for i in ids] == [JobState.DONE, JobState.DONE]  # type: ignore[union-attr]
+    assert world.duplicates() == {}
+    assert engine.unwritten is None and Alert.STORAGE not in engine.alerts
+    assert store.machine(0.0).phase is Phase.SERVE_LLM
