@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -213,3 +215,43 @@ def test_free_before_a_job_waits_for_the_release(
     # the release seen in the card data (384 MiB kept of 20 GiB), not /free's 200
     assert f"job {third}: ComfyUI holds 402653184 bytes after /free (21474836480 before)" in log
     assert "not released within" not in log, log
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_an_answered_prompt_id_of_another_job_is_not_trusted(
+    fresh: Callable[..., Rig], record: Callable[..., None], when: str
+) -> None:
+    """ComfyUI (a proxy in between, a restarted server, a bug) answers job B's submission
+    with job A's prompt id: B's prompt queued under its own id (``after``: the answer is
+    replaced) or not at all (``before``). B must end done with its own file, run once;
+    before, B was done with A's file (and, with ``before``, never ran)."""
+    rig = fresh(settings={"comfyui_job_seconds": 1.0})
+    rig.wait_llm(30.0)
+    start = time.time()
+    first, _ = rig.submit(2)
+    # A runs (its history stays while ComfyUI does): B's submission comes next
+    rig.wait(rig.executing, 15.0, "ComfyUI runs job A")
+    first_pid = next(
+        r["prompt_id"]
+        for r in rig.executions_log()
+        if r.get("event") == "start" and f"cardshare/{first}/s0" in r.get("prefixes", [])
+    )
+    body = json.dumps({"prompt_id": first_pid, "number": 7, "node_errors": {}})
+    rule = rig.fault("comfyui", "POST /prompt", "badjson", 1, when=when, body=body)
+    back = rig.wait_llm(30.0)
+    verdict = rig.verdict()
+    record(
+        fault=f"comfyui POST /prompt answered with another job's prompt_id ({when} queueing)",
+        phase="run_jobs",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        failed=verdict.failed,
+        duplicates=len(verdict.duplicates),
+        lost=len(verdict.lost),
+        back_to_llm=round(back - start, 1),
+        extra=f"wrong outputs {len(verdict.wrong_outputs)}",
+        result="ok" if verdict.done == 2 and not verdict.wrong_outputs else "FAILED",
+    )
+    assert rig.hits("comfyui", rule) == 1
+    assert not verdict.wrong_outputs, f"done with another job's file: {verdict.wrong_outputs}"
+    assert (verdict.done, verdict.duplicates, verdict.lost) == (2, {}, [])

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 
 from cardshare.arbiter.config import Config, ContainerRef
+from cardshare.arbiter.resume import prompt_writes_under
 from cardshare.docker_api import ContainerState, DockerClient, DockerError
 
 Role = Literal["llm", "image"]
@@ -54,7 +55,12 @@ class ComfyApi(Protocol):
     async def upload_image(self, name: str, data: bytes) -> str: ...
     async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str: ...
     async def history(self, prompt_id: str) -> dict[str, Any] | None: ...
-    async def in_queue(self, prompt_id: str) -> bool: ...
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
+        """The id under which the job's prompt is queued or running: the entry of
+        ``prompt_id`` when its save nodes write under ``subfolder`` (the job's own), else any
+        entry that does; None when no entry is the job's."""
+        ...
+
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes: ...
     async def saved(self, filename: str, subfolder: str) -> bytes | None: ...
     async def interrupt(self) -> None: ...
@@ -225,17 +231,23 @@ class HttpComfy:
         entry = _object(body, "GET /history").get(prompt_id)
         return entry if isinstance(entry, dict) else None
 
-    async def in_queue(self, prompt_id: str) -> bool:
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
         _, body = await self.http.request("GET", "/queue")
         doc = _object(body, "GET /queue")
+        found: str | None = None
         for key in ("queue_running", "queue_pending"):
             items = doc.get(key)
             if not isinstance(items, list):
                 raise Unavailable(f"GET /queue answered {key} {items!r:.80}, not a list")
             for item in items:
-                if isinstance(item, list) and len(item) > 1 and item[1] == prompt_id:
-                    return True
-        return False
+                if not isinstance(item, list) or len(item) < 3 or not isinstance(item[1], str):
+                    continue
+                if not prompt_writes_under(item[2], subfolder):
+                    continue
+                if item[1] == prompt_id:
+                    return prompt_id
+                found = found or item[1]
+        return found
 
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes:
         params = {"filename": filename, "subfolder": subfolder, "type": kind}

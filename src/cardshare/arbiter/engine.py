@@ -57,6 +57,7 @@ from cardshare.arbiter.resume import (
     JobStep,
     history_error,
     history_images,
+    history_is_jobs,
     plan_job_step,
     plan_resume,
     save_nodes,
@@ -1388,8 +1389,13 @@ class Engine:
                 if not ended:
                     continue
                 return result
+            subfolder = save_prefix(job.id, 0)[0]
             try:
-                in_queue = await self.comfy.in_queue(job.prompt_id) if job.prompt_id else False
+                # found by its own files' subfolder, not only by the id ComfyUI answered
+                queued = (
+                    await self.comfy.queued(job.prompt_id, subfolder) if job.prompt_id else None
+                )
+                in_queue = queued is not None
                 history = (
                     await self.comfy.history(job.prompt_id)
                     if job.prompt_id and not in_queue
@@ -1402,6 +1408,16 @@ class Engine:
                 await self._sleep(self.config.poll_interval_seconds)
                 continue
             self.comfy_unanswered = 0
+            if queued is not None and queued != job.prompt_id:
+                log.warning("job %s: its prompt is queued as %s in ComfyUI", job.id, queued)
+                job = self.store.set_prompt_id(job.id, queued)
+            if history is not None and not history_is_jobs(history, subfolder):
+                log.warning(
+                    "job %s: ComfyUI's history of %s is another prompt's: not taken",
+                    job.id,
+                    job.prompt_id,
+                )
+                history = None
             step = plan_job_step(job.prompt_id, in_queue, history)
             if step is JobStep.FETCH_OUTPUTS:
                 assert history is not None
@@ -1438,8 +1454,8 @@ class Engine:
                     return None
                 except Unavailable as exc:
                     return await self._comfy_died(job, str(exc))
-                if got != job.prompt_id:  # an older ComfyUI chose its own id
-                    job = self.store.set_prompt_id(job.id, got)
+                if got != job.prompt_id:
+                    job = self._answered_id(job, got)
                 continue
             # POLL
             await self._sample_job_peak()
@@ -1452,6 +1468,23 @@ class Engine:
                 )
                 return Result(Outcome.RESTART, "a job timed out: restart ComfyUI to stop it")
             await self._sleep(self.config.poll_interval_seconds)
+
+    def _answered_id(self, job: Job, got: str) -> Job:
+        """ComfyUI answered the submission with another id than the one sent (an older one
+        chooses its own): taken unless it is empty or another job's (a restarted server, a
+        proxy in between, a bug); the poll finds the prompt by the job's subfolder anyway."""
+        other = self.store.job_with_prompt(got) if got else None
+        if not got or (other is not None and other.id != job.id):
+            log.warning(
+                "job %s: ComfyUI answered its prompt with id %r%s; its own id %s is kept",
+                job.id,
+                got,
+                f", job {other.id}'s" if other is not None else "",
+                job.prompt_id,
+            )
+            return job
+        log.info("job %s: ComfyUI chose the id %s for its prompt", job.id, got)
+        return self.store.set_prompt_id(job.id, got)
 
     async def _cancel_running(self, job: Job) -> Result | None:
         """A running job cancelled by request: interrupt its prompt, then end it."""
@@ -1524,7 +1557,13 @@ class Engine:
         return images
 
     async def _fetch_outputs(self, job: Job, history: dict[str, Any]) -> Result | None:
-        images = history_images(history)
+        subfolder = save_prefix(job.id, 0)[0]
+        # the job's own files only: never another prompt's outputs
+        images = [
+            i
+            for i in history_images(history)
+            if i[1] == subfolder or i[1].startswith(subfolder + "/")
+        ]
         if not images:
             self._finish(job, JobState.FAILED, "the workflow finished without output images")
             return None

@@ -145,6 +145,31 @@ def save_nodes(workflow: dict[str, Any]) -> list[str]:
     return sorted(found, key=lambda k: (len(k), k))
 
 
+def prompt_writes_under(prompt: Any, subfolder: str) -> bool:
+    """A prompt (API format) whose save nodes write under ``subfolder``: a job's own (the
+    arbiter gives every save node of a job the job's subfolder)."""
+    if not isinstance(prompt, dict):
+        return False
+    for node in prompt.values():
+        inputs = node.get("inputs") if isinstance(node, dict) else None
+        prefix = inputs.get("filename_prefix") if isinstance(inputs, dict) else None
+        if isinstance(prefix, str) and prefix.startswith(subfolder + "/"):
+            return True
+    return False
+
+
+def history_is_jobs(entry: dict[str, Any], subfolder: str) -> bool:
+    """Whether a history entry is the job's (``subfolder`` its own): its prompt, as ComfyUI
+    keeps it (``[number, id, prompt, extra, outputs]``), writes there, or, without it, every
+    image it lists is there. An id ComfyUI answered is never proof enough: a restarted
+    server, a proxy or a bug can answer one that another prompt had."""
+    prompt = entry.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 2:
+        return prompt_writes_under(prompt[2], subfolder)
+    images = history_images(entry)
+    return all(sub == subfolder or sub.startswith(subfolder + "/") for _, sub, _ in images)
+
+
 def save_prefix(job_id: str, index: int) -> tuple[str, str]:
     """(subfolder, file name stem) of a job's ``index``-th save node: unique to the job,
     so its outputs are found on disk when ComfyUI's in-memory history is gone."""

@@ -440,6 +440,14 @@ class Store:
         ).fetchone()
         return None if row is None else self._job(row)
 
+    def job_with_prompt(self, prompt_id: str) -> Job | None:
+        """The job whose recorded prompt id this is (the latest), None when no job's."""
+        row = self.conn.execute(
+            f"SELECT {self._JOB_COLS} FROM jobs WHERE prompt_id = ? ORDER BY seq DESC LIMIT 1",
+            (prompt_id,),
+        ).fetchone()
+        return None if row is None else self._job(row)
+
     def jobs_in(self, state: JobState) -> list[Job]:
         return [
             self._job(r)

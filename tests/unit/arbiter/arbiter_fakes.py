@@ -16,6 +16,7 @@ from cardshare.arbiter.cardview import CardClient, CardView
 from cardshare.arbiter.config import Config, ContainerRef
 from cardshare.arbiter.edges import Rejected, Role, Unavailable
 from cardshare.arbiter.engine import Engine
+from cardshare.arbiter.resume import prompt_writes_under
 from cardshare.arbiter.store import Store
 from cardshare.docker_api import ContainerState, DockerError
 
@@ -415,9 +416,10 @@ class FakeComfy:
         await self._arrive("history")
         return self.w.history.get(prompt_id)
 
-    async def in_queue(self, prompt_id: str) -> bool:
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
         await self._arrive("queue")
-        return prompt_id in self.w.queue
+        found = [p for p in self.w.queue if prompt_writes_under(self.w.prompts[p], subfolder)]
+        return prompt_id if prompt_id in found else (found[0] if found else None)
 
     def _view_fault(self) -> bytes | None:
         if self.w.view_not_found:

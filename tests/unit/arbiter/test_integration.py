@@ -102,8 +102,11 @@ def comfy_app(world: World) -> web.Application:
 
     async def queue(_: web.Request) -> web.Response:
         down()
-        running = [[0, pid, {}, {}, []] for pid in world.queue[:1]]
-        pending = [[n, pid, {}, {}, []] for n, pid in enumerate(world.queue[1:], 1)]
+        # as ComfyUI lists them: [number, prompt_id, prompt, extra_data, outputs_to_execute]
+        running = [[0, pid, world.prompts[pid], {}, ["2"]] for pid in world.queue[:1]]
+        pending = [
+            [n, pid, world.prompts[pid], {}, ["2"]] for n, pid in enumerate(world.queue[1:], 1)
+        ]
         return web.json_response({"queue_running": running, "queue_pending": pending})
 
     async def queue_post(request: web.Request) -> web.Response:
