@@ -58,6 +58,14 @@ WORKFLOW_TWO_SAVES: dict[str, Any] = {
     **WORKFLOW,
     "12": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "B"}},
 }
+# an animation saved through SaveAnimatedWEBP: <prefix>_00001_.webp
+WORKFLOW_WEBP: dict[str, Any] = {
+    **{k: v for k, v in WORKFLOW.items() if k != "9"},
+    "9": {
+        "class_type": "SaveAnimatedWEBP",
+        "inputs": {"images": ["8", 0], "filename_prefix": "ComfyUI", "fps": 6.0},
+    },
+}
 INPUT_PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake input").decode()
 
 # short timings: every wait of the arbiter is bounded by a second or a few

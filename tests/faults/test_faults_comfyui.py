@@ -143,6 +143,20 @@ SCENARIOS = [
         S(F("execute", "crash_after_save"), workflow="two_saves", alerts=CRASHED),
         "crash-after-save-2",
     ),
+    # a saver that writes WebP (SaveAnimatedWEBP): its .webp file on disk is the evidence
+    P(
+        S(F("execute", "crash_after_save"), workflow="webp", alerts=CRASHED),
+        "crash-after-save-webp",
+    ),
+    P(
+        S(
+            F("execute", "crash_after_save"),
+            workflow="webp",
+            settings={"comfyui_restart_policy": "on-failure"},
+        ),
+        "crash_after_save-webp-respawn",
+    ),
+    P(S(F("GET /history", "badjson", 1, body="{}"), workflow="webp"), "history-forgotten-webp"),
     # with a restart policy ComfyUI is back at once with an empty history
     *[
         P(S(F("execute", k), settings={"comfyui_restart_policy": "on-failure"}), f"{k}-respawn")

@@ -63,6 +63,7 @@ from cardshare.arbiter.resume import (
     save_nodes,
     save_prefix,
     saved_file_name,
+    saver_extension,
 )
 from cardshare.arbiter.rules import (
     Decision,
@@ -1539,11 +1540,14 @@ class Engine:
         short (ComfyUI killed between creating the file and writing it): no evidence, and the
         next attempt's file follows it."""
         images: list[bytes] = []
-        for index, _ in enumerate(save_nodes(dict(job.workflow))):
+        workflow = dict(job.workflow)
+        for index, node_id in enumerate(save_nodes(workflow)):
             subfolder, stem = save_prefix(job.id, index)
+            extension = saver_extension(workflow, node_id)
             found = 0
             for counter in range(1, MAX_SAVED_PER_NODE + 1):
-                data = await self.comfy.saved(saved_file_name(stem, counter), subfolder)
+                name = saved_file_name(stem, counter, extension)
+                data = await self.comfy.saved(name, subfolder)
                 if data is None:
                     break
                 if not data:
@@ -1831,12 +1835,24 @@ RESTART_WINDOW_SECONDS = 3600.0
 # a save node's batch larger than this is not looked for on disk
 MAX_SAVED_PER_NODE = 256
 
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
-
 
 def is_image(data: bytes) -> bool:
     """PNG, JPEG, GIF or WebP by their signatures: what ComfyUI's save nodes write."""
-    return data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+    return image_type(data) is not None
+
+
+def image_type(data: bytes) -> str | None:
+    """The media type of an image by its signature (an output is kept as ``<n>.png`` whatever
+    it is: SaveAnimatedWEBP writes WebP)."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 def _substitute(value: Any, renames: dict[str, str]) -> Any:

@@ -129,6 +129,18 @@ def history_error(entry: dict[str, Any]) -> str:
 
 SAVE_PREFIX_ROOT = "cardshare"
 
+# ComfyUI's save nodes whose files the arbiter can find on disk when ComfyUI's history is
+# gone, by the extension each writes (ComfyUI 0.8, nodes.py and comfy_extras/nodes_images.py:
+# ``<prefix>_<counter:05>_.<ext>``) and whose files are images the arbiter can return. Any
+# other node with a ``filename_prefix`` (audio, video, latents, 3D, custom savers naming
+# their files otherwise) is refused at submission: a job whose files cannot be found after a
+# restart of ComfyUI would be run again.
+SAVER_EXTENSIONS: dict[str, str] = {
+    "SaveImage": "png",
+    "SaveAnimatedPNG": "png",
+    "SaveAnimatedWEBP": "webp",
+}
+
 
 def save_nodes(workflow: dict[str, Any]) -> list[str]:
     """The ids of the workflow's save nodes (``SaveImage``, or any node that takes a
@@ -176,9 +188,29 @@ def save_prefix(job_id: str, index: int) -> tuple[str, str]:
     return f"{SAVE_PREFIX_ROOT}/{job_id}", f"s{index}"
 
 
-def saved_file_name(stem: str, counter: int) -> str:
-    """ComfyUI's name for a saved image: ``<stem>_<counter:05>_.png``, counting from 1."""
-    return f"{stem}_{counter:05}_.png"
+def saved_file_name(stem: str, counter: int, extension: str = "png") -> str:
+    """ComfyUI's name for a saved file: ``<stem>_<counter:05>_.<extension>``, counting
+    from 1."""
+    return f"{stem}_{counter:05}_.{extension}"
+
+
+def saver_extension(workflow: dict[str, Any], node_id: str) -> str:
+    """The extension the save node writes (png for a node of another class: a job stored
+    before such nodes were refused)."""
+    node = workflow.get(node_id)
+    kind = node.get("class_type") if isinstance(node, dict) else None
+    return SAVER_EXTENSIONS.get(kind, "png") if isinstance(kind, str) else "png"
+
+
+def unfindable_savers(workflow: dict[str, Any]) -> list[str]:
+    """The save nodes whose files the arbiter could not find after a restart of ComfyUI,
+    as ``node <id> (<class>)``."""
+    found = []
+    for node_id in save_nodes(workflow):
+        kind = workflow[node_id].get("class_type")
+        if kind not in SAVER_EXTENSIONS:
+            found.append(f"node {node_id} ({kind})")
+    return found
 
 
 def history_images(entry: dict[str, Any]) -> list[tuple[str, str, str]]:

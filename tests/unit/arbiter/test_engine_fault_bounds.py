@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
+from cardshare.arbiter.api import check_workflow
 from cardshare.arbiter.engine import Alert, Engine
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import JobState
@@ -133,3 +134,49 @@ async def test_a_database_that_cannot_be_written_gives_the_card_back_to_vllm(
     assert world.duplicates() == {}
     assert engine.unwritten is None and Alert.STORAGE not in engine.alerts
     assert store.machine(0.0).phase is Phase.SERVE_LLM
+
+
+# -- save nodes the arbiter can find afterwards ---------------------------------------------
+
+
+def _saving_through(kind: str) -> dict[str, Any]:
+    return {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "in.png"}},
+        "7": {"class_type": kind, "inputs": {"images": ["1", 0], "filename_prefix": "x"}},
+    }
+
+
+@pytest.mark.parametrize("kind", ["SaveImage", "SaveAnimatedPNG", "SaveAnimatedWEBP"])
+def test_a_saver_whose_files_are_found_afterwards_is_taken(kind: str) -> None:
+    assert check_workflow(_saving_through(kind))["7"]["class_type"] == kind
+
+
+@pytest.mark.parametrize("kind", ["SaveAudio", "SaveVideo", "SaveLatent", "Image Save"])
+def test_a_saver_whose_files_cannot_be_found_afterwards_is_refused(kind: str) -> None:
+    with pytest.raises(ValueError) as err:
+        check_workflow(_saving_through(kind))
+    assert str(err.value) == (
+        f"workflow saves through node 7 ({kind}): the arbiter finds a job's files after a "
+        "restart of ComfyUI (so that it never runs twice) only for SaveAnimatedPNG, "
+        "SaveAnimatedWEBP, SaveImage; save through one of them"
+    )
+
+
+async def test_a_webp_saved_before_comfyui_restarted_is_found_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """ComfyUI's history is gone (a restart) after a SaveAnimatedWEBP job saved its file:
+    the look on disk found only .png files, and the job ran again."""
+    world = World(FakeClock())
+    engine = make_engine(tmp_path, world, idle_seconds=1.0)
+    workflow = _saving_through("SaveAnimatedWEBP")
+    (job_id,) = submit(engine, 1, workflow)
+    job = engine.store.start_attempt(job_id, "p-1", world.clock.now())
+    webp = b"RIFF\x0c\x00\x00\x00WEBPVP8 " + job_id.encode()
+    world.files[(f"cardshare/{job_id}", "s0_00001_.webp")] = webp
+    assert job.prompt_id == "p-1"  # recorded; ComfyUI knows it no more
+    await run_until(engine, in_llm_with_no_jobs, max_steps=2000)
+    done = engine.store.job(job_id)
+    assert done is not None and done.state is JobState.DONE
+    assert world.submissions == 0
+    assert (tmp_path / "data" / "jobs" / job_id / "outputs" / "0.png").read_bytes() == webp
