@@ -369,8 +369,17 @@ class Comfy(App):
             self.pending[:] = [p for p in self.pending if p[1] not in drop]
         return Reply(200, b"", "text/plain")
 
-    def interrupt_post(self, _: Request) -> Reply:
-        self.interrupt.set()
+    def interrupt_post(self, request: Request) -> Reply:
+        """As ComfyUI since 0.3.4x: with a ``prompt_id``, only when that prompt runs."""
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = {}
+        wanted = body.get("prompt_id") if isinstance(body, dict) else None
+        with self.lock:
+            if wanted and (self.running is None or self.running[1] != wanted):
+                return Reply(200, b"", "text/plain")
+            self.interrupt.set()
         return Reply(200, b"", "text/plain")
 
     def history_get(self, request: Request) -> Reply:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from batch import Batch, Case
-from rig import WORKFLOW, WORKFLOW_INPUT, Rig
+from rig import WORKFLOW, WORKFLOW_INPUT, Http, Rig
 from scenario import Fault, Scenario, cases
 
 pytestmark = pytest.mark.faults
@@ -269,3 +269,53 @@ def test_an_answered_prompt_id_of_another_job_is_not_trusted(
     assert rig.hits("comfyui", rule) == 1
     assert not verdict.wrong_outputs, f"done with another job's file: {verdict.wrong_outputs}"
     assert (verdict.done, verdict.duplicates, verdict.lost) == (2, {}, [])
+
+
+def test_a_cancelled_job_queued_behind_another_prompt_never_runs(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """A prompt not the arbiter's (someone's, through ComfyUI's own API) runs when a job's
+    prompt is queued behind it, and the job is cancelled. Interrupting first and clearing the
+    queue 200 ms later (a slow /queue) let the job's prompt start in between and run anyway."""
+    rig = fresh(settings={"comfyui_job_seconds": 2.0})
+    rig.wait_llm(30.0)
+    # ComfyUI seen ready only after the foreign prompt is in (its readiness answers late)
+    ready = rig.fault("comfyui", "GET /object_info", "delay", None, min=1.0, max=1.0)
+    (job,) = rig.submit(1)
+    comfy = Http(rig.ports["comfyui"])
+    foreign = {
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "x/f"}}
+    }
+    foreign = {**{k: v for k, v in WORKFLOW.items() if k != "9"}, **foreign}
+    rig.wait(lambda: comfy.request("GET", "/queue", timeout=1.0)[0] == 200, 20, "ComfyUI up")
+    assert comfy.request("POST", "/prompt", {"prompt": foreign})[0] == 200
+    rig.clear("comfyui", ready)
+
+    def queued_behind() -> bool:
+        doc = comfy.request("GET", "/queue")[1]
+        return len(doc["queue_running"]) == 1 and len(doc["queue_pending"]) == 1
+
+    rig.wait(queued_behind, 20, "the job's prompt queued behind the foreign one")
+    slow = rig.fault("comfyui", "POST /queue", "delay", None, min=0.2, max=0.2)
+    status, doc = rig.api.request("DELETE", f"/v1/jobs/{job}", auth=True)
+    assert status == 202, (status, doc)
+    rig.cancelled.add(job)
+    start = time.time()
+    back = rig.wait_llm(30.0)
+    rig.clear("comfyui", slow)
+    started = [
+        r
+        for r in rig.executions_log()
+        if r.get("event") == "start" and f"cardshare/{job}/s0" in r.get("prefixes", [])
+    ]
+    state = (rig.job(job) or {}).get("state")
+    record(
+        fault="cancel a job queued behind a foreign prompt (POST /queue 200 ms slow)",
+        phase="run_jobs",
+        jobs=1,
+        back_to_llm=round(back - start, 1),
+        extra=f"the cancelled job's prompt started {len(started)} time(s); state {state}",
+        result="ok" if not started and state == "cancelled" else "FAILED",
+    )
+    assert state == "cancelled"
+    assert not started, f"the cancelled job's prompt ran: {started}"

@@ -63,8 +63,16 @@ class ComfyApi(Protocol):
 
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes: ...
     async def saved(self, filename: str, subfolder: str) -> bytes | None: ...
-    async def interrupt(self) -> None: ...
+    async def interrupt(self, prompt_id: str | None = None) -> None:
+        """Interrupt the running prompt; with ``prompt_id`` only when that one runs (ComfyUI
+        since 0.3.4x; an older one interrupts whatever runs)."""
+        ...
+
     async def clear_queue(self) -> None: ...
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        """Take a pending prompt out of ComfyUI's queue (nothing when it is not pending)."""
+        ...
 
     async def free(self) -> None:
         """Ask ComfyUI to unload its models and free memory. It answers at once and frees
@@ -262,11 +270,15 @@ class HttpComfy:
                 return None
             raise
 
-    async def interrupt(self) -> None:
-        await self.http.request("POST", "/interrupt", json={})
+    async def interrupt(self, prompt_id: str | None = None) -> None:
+        body = {"prompt_id": prompt_id} if prompt_id else {}
+        await self.http.request("POST", "/interrupt", json=body)
 
     async def clear_queue(self) -> None:
         await self.http.request("POST", "/queue", json={"clear": True})
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        await self.http.request("POST", "/queue", json={"delete": [prompt_id]})
 
     async def free(self) -> None:
         await self.http.request("POST", "/free", json={"unload_models": True, "free_memory": True})

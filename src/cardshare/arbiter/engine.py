@@ -1488,11 +1488,17 @@ class Engine:
         return self.store.set_prompt_id(job.id, got)
 
     async def _cancel_running(self, job: Job) -> Result | None:
-        """A running job cancelled by request: interrupt its prompt, then end it."""
+        """A running job cancelled by request: its prompt out of ComfyUI's queue first, then,
+        when it runs already, interrupted by its id. (Interrupting first let a prompt queued
+        behind another start as the interrupt ended that one, before the queue was cleared;
+        and it stopped a prompt that was not the job's.)"""
         try:
             if job.prompt_id is not None:
-                await self.comfy.interrupt()
-                await self.comfy.clear_queue()
+                await self.comfy.delete_queued(job.prompt_id)
+                subfolder = save_prefix(job.id, 0)[0]
+                running = await self.comfy.queued(job.prompt_id, subfolder)
+                if running is not None:
+                    await self.comfy.interrupt(running)
         except (Unavailable, Rejected) as exc:
             self.store.finish(
                 job.id,

@@ -444,10 +444,10 @@ class FakeComfy:
         await self._arrive("view")
         return self.w.files.get((subfolder, filename))
 
-    async def interrupt(self) -> None:
+    async def interrupt(self, prompt_id: str | None = None) -> None:
         await self._arrive("interrupt")
         self.w.interrupts += 1
-        if self.w.queue:
+        if self.w.queue and (prompt_id is None or self.w.queue[0] == prompt_id):
             pid = self.w.queue.pop(0)
             self.w.history[pid] = _error_entry(pid, "execution_interrupted", "")
             self.w.head_since = None
@@ -455,6 +455,10 @@ class FakeComfy:
     async def clear_queue(self) -> None:
         await self._arrive("queue_clear")
         del self.w.queue[1:]  # the running prompt stays: only /interrupt stops it
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        await self._arrive("queue_delete")
+        self.w.queue[1:] = [p for p in self.w.queue[1:] if p != prompt_id]
 
     async def free(self) -> None:
         await self._arrive("free")

@@ -111,14 +111,18 @@ def comfy_app(world: World) -> web.Application:
 
     async def queue_post(request: web.Request) -> web.Response:
         down()
-        if (await request.json()).get("clear"):
+        body = await request.json()
+        if body.get("clear"):
             del world.queue[1:]
+        drop = set(body.get("delete") or [])
+        world.queue[1:] = [p for p in world.queue[1:] if p not in drop]
         return web.Response()
 
-    async def interrupt(_: web.Request) -> web.Response:
+    async def interrupt(request: web.Request) -> web.Response:
         down()
         world.interrupts += 1
-        if world.queue:
+        wanted = (await request.json()).get("prompt_id")  # only that one, when given
+        if world.queue and wanted in (None, world.queue[0]):
             pid = world.queue.pop(0)
             world.history[pid] = {
                 "status": {
