@@ -119,6 +119,7 @@ class Alert(StrEnum):
     LLM_INSUFFICIENT_VRAM = "llm_insufficient_vram"
     LLM_OOM_KILLED = "llm_oom_killed"
     LLM_RELEASE_TIMEOUT = "llm_release_timeout"
+    LLM_STOP_FAILED = "llm_stop_failed"  # in a row: swaps to image back off
     IMAGE_NOT_READY = "image_not_ready"
     IMAGE_START_FAILED = "image_start_failed"  # in a row: swaps to image back off
     IMAGE_STOP_FAILED = "image_stop_failed"  # vLLM stays stopped until ComfyUI is
@@ -215,6 +216,9 @@ class Engine:
         self.image_retry_at = 0.0
         self.image_failure = ""
         self.image_stop_failures = 0
+        self.llm_stop_failures = 0  # stops of vLLM for a swap that failed, in a row
+        self.llm_stop_retry_at = 0.0
+        self.llm_stop_failure = ""
         self.comfy_unanswered = 0
         self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
         self.pending_restart: str | None = None  # a failed poison job may still run there
@@ -714,6 +718,8 @@ class Engine:
             storage_problem=self.storage_paused,
             image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
             image_failure=self.image_failure or None,
+            llm_stop_retry_in=(self.llm_stop_retry_at - now) if self.llm_stop_failures else None,
+            llm_stop_failure=self.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
             paused=frozenset(n for n, until in self.paused.items() if until > now),
         )
@@ -757,7 +763,8 @@ class Engine:
                 self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}")
                 return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
-            self._clear(Alert.LLM_RELEASE_TIMEOUT)
+            self._clear(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
+            self.llm_stop_failures = 0
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             obs = await self._confirm_card(obs, began)
@@ -929,7 +936,27 @@ class Engine:
     async def _stop_llm(self) -> Result:
         result = await self._stop("llm")
         if result.outcome is Outcome.OK:
+            self.llm_stop_failures = 0
+            self.llm_stop_failure = ""
+            self._clear(Alert.LLM_STOP_FAILED)
             await self._report_llm_gone_before_the_swap()
+            return result
+        # back to serving, and the next swap backs off: a stop Docker keeps refusing was tried
+        # again at every poll (and its alert came and went with each try)
+        self.llm_stop_failures += 1
+        self.llm_stop_failure = result.reason
+        delay = llm_retry_delay(
+            self.llm_stop_failures,
+            self.config.llm_retry_backoff_seconds,
+            self.config.llm_retry_backoff_max_seconds,
+        )
+        self.llm_stop_retry_at = self.clock.now() + delay
+        self._alert(
+            Alert.LLM_STOP_FAILED,
+            f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
+            f"a row (last: {result.reason}); it keeps serving, next try in {delay:g} s; "
+            f"{self.store.queue_length()} job(s) kept queued",
+        )
         return result
 
     async def _report_llm_gone_before_the_swap(self) -> None:
