@@ -422,10 +422,11 @@ class StatusData:
         history = None
         if self.history is not None:
             async with self._lock:
-                due = self._refreshed is None or now - self._refreshed >= self.refresh_seconds
+                mono = engine.clock.monotonic()  # the refresh's interval
+                due = self._refreshed is None or mono - self._refreshed >= self.refresh_seconds
                 if due:
                     await asyncio.to_thread(self.history.refresh)
-                    self._refreshed = now
+                    self._refreshed = mono
                 history = self.history.doc()
         card = engine.last_card
         doc = status_doc(engine, authorized=False)

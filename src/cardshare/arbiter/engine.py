@@ -163,7 +163,14 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 class Clock(Protocol):
+    """Two clocks: ``now`` (the wall clock) for what people read and what is persisted or
+    compared with another process's times (the database, the card data's scan times, the
+    proxy's); ``monotonic`` for every timeout, deadline, backoff and "since" the engine
+    decides on, so that a step of the wall clock neither leaves a hung job untimed nor fails
+    a healthy one."""
+
     def now(self) -> float: ...
+    def monotonic(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
 
 
@@ -176,6 +183,9 @@ def _crashed(st: ContainerState) -> bool:
 class RealClock:
     def now(self) -> float:
         return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -203,8 +213,11 @@ class Engine:
     def __post_init__(self) -> None:
         now = self.clock.now()
         self.state: MachineState = self.store.machine(now)
-        # conservative start: vLLM must be seen idle for idle_seconds from now
-        self.activity = LlmActivity(last_active_at=now)
+        # persisted wall-clock times (image mode's start, a hold's end) on the monotonic
+        # clock, each converted once, when first seen by this process
+        self._mono_of: dict[float, float] = {}
+        # conservative start: vLLM must be seen idle for idle_seconds from now (monotonic)
+        self.activity = LlmActivity(last_active_at=self.clock.monotonic())
         self.alerts: dict[str, str] = {}
         self.faults: Counter[str] = Counter()  # alerts raised, by name, since the start
         self.last_decision = Decision(False, ("not evaluated yet",))
@@ -226,7 +239,8 @@ class Engine:
         # a move toward vLLM taken while the database could not be written: the state in
         # memory is ahead of the database's until storage works again
         self.unwritten: str | None = None
-        self.heartbeat = now
+        self.heartbeat = now  # wall clock: shown
+        self.heartbeat_mono = self.clock.monotonic()  # its age is read on this
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
         self._step_job: str | None = None
@@ -262,9 +276,30 @@ class Engine:
     def beat(self) -> None:
         """The engine is making progress (the healthcheck reads the heartbeat's age)."""
         self.heartbeat = self.clock.now()
+        self.heartbeat_mono = self.clock.monotonic()
 
     def heartbeat_age(self) -> float:
-        return max(0.0, self.clock.now() - self.heartbeat)
+        return max(0.0, self.clock.monotonic() - self.heartbeat_mono)
+
+    def mono(self, wall: float, past: bool = True) -> float:
+        """A persisted wall-clock time on the monotonic clock: converted once, by its
+        distance from the wall clock's now, when this process first sees it (a time across a
+        restart of the arbiter cannot be monotonic); ``past``: a "since", never later than
+        now (the wall clock stepped back meanwhile)."""
+        found = self._mono_of.get(wall)
+        if found is None:
+            found = self.clock.monotonic() - (self.clock.now() - wall)
+            if past:
+                found = min(found, self.clock.monotonic())
+            if len(self._mono_of) > 64:
+                self._mono_of.clear()
+            self._mono_of[wall] = found
+        return found
+
+    def as_wall(self, mono: float) -> float:
+        """A monotonic time as the wall clock shows it now (for rules that weigh it against
+        times of other processes: the proxy's requests, the card's scans)."""
+        return self.clock.now() - (self.clock.monotonic() - mono)
 
     def healthy(self) -> tuple[bool, str]:
         if not self.alive:
@@ -284,11 +319,11 @@ class Engine:
 
     async def _waiting(self, aw: Awaitable[T]) -> T:
         """Await a container stop/start/readiness call, counting its time as waited."""
-        start = self.clock.now()
+        start = self.clock.monotonic()
         try:
             return await aw
         finally:
-            self._waited += self.clock.now() - start
+            self._waited += self.clock.monotonic() - start
             self.beat()
 
     async def _pause(self, seconds: float) -> None:
@@ -447,6 +482,7 @@ class Engine:
             return None
         until = self.clock.now() + seconds
         self.store.set_hold(holder, until)
+        self._mono_of[until] = self.clock.monotonic() + seconds
         log.info("swaps held by %s for %g s", holder, seconds)
         return until
 
@@ -456,7 +492,7 @@ class Engine:
     def active_hold(self) -> tuple[str, float] | None:
         """(holder, until) of a hold that has not expired; an expired one is dropped."""
         hold = self.store.hold()
-        if hold is not None and self.clock.now() >= hold[1]:
+        if hold is not None and self.clock.monotonic() >= self.mono(hold[1], past=False):
             self.store.clear_hold()
             return None
         return hold
@@ -677,8 +713,10 @@ class Engine:
         except (Unavailable, Rejected, MetricsError) as exc:
             metrics_error = str(exc)
         else:
-            self.activity = update_activity(self.activity, metrics, now)
-            activity = self.activity
+            self.activity = update_activity(self.activity, metrics, self.clock.monotonic())
+            activity = dataclasses.replace(
+                self.activity, last_active_at=self.as_wall(self.activity.last_active_at)
+            )
         queue_length = self.store.queue_length()
         proxy, proxy_error = await self._proxy_state()
         card: CardView | None = None
@@ -716,12 +754,20 @@ class Engine:
             card_error=card_error,
             held_by=self.held_by(),
             storage_problem=self.storage_paused,
-            image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
+            image_retry_in=(
+                (self.image_retry_at - self.clock.monotonic()) if self.image_failures else None
+            ),
             image_failure=self.image_failure or None,
-            llm_stop_retry_in=(self.llm_stop_retry_at - now) if self.llm_stop_failures else None,
+            llm_stop_retry_in=(
+                (self.llm_stop_retry_at - self.clock.monotonic())
+                if self.llm_stop_failures
+                else None
+            ),
             llm_stop_failure=self.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
-            paused=frozenset(n for n, until in self.paused.items() if until > now),
+            paused=frozenset(
+                n for n, until in self.paused.items() if until > self.clock.monotonic()
+            ),
         )
 
     def _card_floor(self, now: float) -> float:
@@ -731,7 +777,7 @@ class Engine:
         ``llm_release_timeout_seconds`` after the acknowledgement: a tenant that keeps its
         memory longer is looked at again only as the data ages)."""
         floor = now - self.config.card_data_max_age_seconds
-        paused = {name for name, until in self.paused.items() if until > now}
+        paused = {name for name, until in self.paused.items() if until > self.clock.monotonic()}
         if paused:
             floor = max(floor, self.yield_acked_at)
             view = self.last_card
@@ -820,7 +866,7 @@ class Engine:
         half); an ack within the tenant's bound is a pause, anything else leaves it a blocker."""
         if self.yielding is None:
             return
-        now = self.clock.now()
+        now = self.clock.monotonic()  # the leases' ends
         lease = self.config.yield_lease_seconds
         on_card = {c.name for c in self.last_card.clients} if self.last_card else set()
         for tenant in self.config.yielding_tenants:
@@ -837,7 +883,7 @@ class Engine:
                 continue
             if until is None or until <= now:  # a new pause, not a renewal: await its release
                 self.yield_acked_at = self.clock.now()
-            self.paused[tenant.name] = self.clock.now() + lease
+            self.paused[tenant.name] = self.clock.monotonic() + lease
             log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
 
     async def _resume_yielding(self) -> None:
@@ -911,8 +957,8 @@ class Engine:
         Each look asks for data scanned at that look (the arbiter's card data changes only
         by its own scans): memory that lingers past one scan is seen released at a later one.
         """
-        since = self.state.phase_since
-        deadline = self.clock.now() + timeout
+        since = self.state.phase_since  # wall clock: weighed against the scans' times
+        deadline = self.clock.monotonic() + timeout
         last = "no card data yet"
         while True:
             try:
@@ -927,7 +973,7 @@ class Engine:
                 )
             except CardDataError as exc:
                 last = str(exc)
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 message = f"memory not released after {timeout:g} s: {last}"
                 self._alert(alert, message)
                 return Result(Outcome.TIMEOUT, message)
@@ -950,7 +996,7 @@ class Engine:
             self.config.llm_retry_backoff_seconds,
             self.config.llm_retry_backoff_max_seconds,
         )
-        self.llm_stop_retry_at = self.clock.now() + delay
+        self.llm_stop_retry_at = self.clock.monotonic() + delay
         self._alert(
             Alert.LLM_STOP_FAILED,
             f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
@@ -998,7 +1044,7 @@ class Engine:
             self.config.image_retry_backoff_seconds,
             self.config.image_retry_backoff_max_seconds,
         )
-        self.image_retry_at = self.clock.now() + delay
+        self.image_retry_at = self.clock.monotonic() + delay
         if self.image_failures >= 2:
             self._alert(
                 Alert.IMAGE_START_FAILED,
@@ -1016,7 +1062,7 @@ class Engine:
         return result
 
     async def _wait_image_ready(self) -> Result:
-        deadline = self.clock.now() + self.config.image_ready_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.image_ready_timeout_seconds
         while True:
             if await self._waiting(self.comfy.ready()):
                 self._clear(
@@ -1041,7 +1087,7 @@ class Engine:
                 return self._image_failed(
                     Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
                 )
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 message = (
                     f"ComfyUI did not answer /object_info within "
                     f"{self.config.image_ready_timeout_seconds:g} s"
@@ -1083,7 +1129,8 @@ class Engine:
             reason, self.pending_restart = self.pending_restart, None
             return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
         proxy, _ = await self._proxy_state()
-        image_since = self.state.image_since or self.state.phase_since
+        # image mode's start is persisted (wall clock): its age is taken on the monotonic clock
+        image_since = self.as_wall(self.mono(self.state.image_since or self.state.phase_since))
         decision = should_hand_back(
             HandbackObservations(
                 queue_length=self.store.queue_length(),
@@ -1112,7 +1159,7 @@ class Engine:
         else the card goes back to vLLM, alerted, and no swap to image starts until the
         oldest restart of the hour is an hour old: a fault that restarts do not cure (a
         ``/view`` that keeps failing) never keeps the card in image mode restarting."""
-        now = self.clock.now()
+        now = self.clock.monotonic()
         while self.image_restarts and now - self.image_restarts[0] >= RESTART_WINDOW_SECONDS:
             self.image_restarts.popleft()
         limit = self.config.comfyui_max_restarts_per_hour
@@ -1198,7 +1245,7 @@ class Engine:
         if self.vram_gave_up is not None:
             # the last series gave up: stay out of llm until the card changes
             free = await self._measure_free()
-            waited = self.clock.now() - self.vram_gave_up_at
+            waited = self.clock.monotonic() - self.vram_gave_up_at
             changed = free is not None and card_changed(
                 self.vram_gave_up, free, self.config.vram_retry_margin_bytes
             )
@@ -1288,7 +1335,7 @@ class Engine:
         return result.outcome is Outcome.OK
 
     async def _wait_llm_ready(self) -> Result:
-        deadline = self.clock.now() + self.config.llm_ready_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.llm_ready_timeout_seconds
         last = "no answer yet"
         while True:
             try:
@@ -1312,7 +1359,7 @@ class Engine:
             failure = await self._waiting(self._container_failure("llm"))
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 return await self._llm_start_failed(failure)
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self.llm_failures += 1
                 message = (
                     f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
@@ -1348,7 +1395,7 @@ class Engine:
         tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
         if step.action is PassAction.GIVE_UP:
             self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
-            self.vram_gave_up_at = self.clock.now()
+            self.vram_gave_up_at = self.clock.monotonic()
             self.plan_next = None
             try:  # stopped, so that no restart policy keeps starting it meanwhile
                 await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
@@ -1403,7 +1450,7 @@ class Engine:
         Exactly once: a prompt is posted again only when it is provably in neither ComfyUI's
         queue nor its history and none of the job's files are on disk.
         """
-        deadline = self.clock.now() + self.config.job_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.job_timeout_seconds
         while True:
             self.beat()
             current = self.store.job(job.id)
@@ -1487,7 +1534,7 @@ class Engine:
                 continue
             # POLL
             await self._sample_job_peak()
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self._finish(
                     job,
                     JobState.FAILED,
@@ -1781,8 +1828,8 @@ class Engine:
             log.warning("job %s: POST /free failed: %s", job.id, exc)
             return
         self.comfy_signature = None
-        deadline = self.clock.now() + self.config.image_release_timeout_seconds
-        while self.clock.now() < deadline:
+        deadline = self.clock.monotonic() + self.config.image_release_timeout_seconds
+        while self.clock.monotonic() < deadline:
             await self._pause(self.config.poll_interval_seconds)
             seen = await self._reclaim_view(peak)
             if seen is None:

@@ -28,10 +28,17 @@ WORKFLOW: dict[str, Any] = {
 
 
 class FakeClock:
+    """Both clocks advance together when the code sleeps; ``wall_step`` steps the wall clock
+    alone (an NTP correction, a manual change), as the real one can."""
+
     def __init__(self, start: float = 1_000_000.0) -> None:
         self.t = start
+        self.wall_step = 0.0
 
     def now(self) -> float:
+        return self.t + self.wall_step
+
+    def monotonic(self) -> float:
         return self.t
 
     async def sleep(self, seconds: float) -> None:

@@ -180,3 +180,27 @@ async def test_a_webp_saved_before_comfyui_restarted_is_found_not_run_again(
     assert done is not None and done.state is JobState.DONE
     assert world.submissions == 0
     assert (tmp_path / "data" / "jobs" / job_id / "outputs" / "0.png").read_bytes() == webp
+
+
+# -- the wall clock steps -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [-3600.0, 3600.0])
+async def test_a_wall_clock_step_moves_no_timeout(tmp_path: Path, step: float) -> None:
+    """Stepped back an hour, vLLM looked active an hour into the future (swaps blocked) and a
+    hung job went untimed; stepped forward, a healthy job was failed at once."""
+    world = World(FakeClock(), job_seconds=8.0)
+    engine = make_engine(tmp_path, world, idle_seconds=5.0, job_timeout_seconds=20.0)
+    world.clock.wall_step = step
+    (healthy,) = submit(engine, 1)
+    await run_until(engine, lambda e: world.submissions == 1, max_steps=2000)
+    assert world.clock.monotonic() - 1_000_000.0 < 30.0  # the swap was not held an hour
+    world.hang_next = 1  # the next prompt
+    (hung,) = submit(engine, 1)
+    begun = world.clock.monotonic()
+    await run_until(engine, in_llm_with_no_jobs, max_steps=5000)
+    done, failed = engine.store.job(healthy), engine.store.job(hung)
+    assert done is not None and done.state is JobState.DONE, done
+    assert failed is not None and failed.state is JobState.FAILED
+    assert failed.reason.startswith("not finished within job_timeout_seconds (20)")
+    assert world.clock.monotonic() - begun < 60.0
