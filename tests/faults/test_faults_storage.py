@@ -252,3 +252,46 @@ def full_at_once_in_image_mode_falls_back(worker: Worker, record: Record, name: 
 )
 def test_storage_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
     batch.check(request.node)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_deleted_or_replaced_under_the_arbiter_is_noticed(
+    fresh: Callable[..., Rig], record: Callable[..., None], how: str
+) -> None:
+    """The database file is deleted (or replaced by another file) while the arbiter runs: it
+    went on writing into a file nobody could open again, took jobs, and said healthy until a
+    restart. Now its heartbeat checks the file's identity: unhealthy (so that its supervisor
+    restarts it, and the start refuses a lost database naming the fix), the storage alert,
+    new jobs refused with a 503."""
+    rig = fresh()
+    rig.wait_llm(30.0)
+    db = rig.data_dir / "arbiter.sqlite3"
+    assert db.exists()
+    if how == "deleted":
+        db.unlink()
+    else:
+        tmp = db.with_name(".replacement")
+        shutil.copyfile(db, tmp)
+        tmp.replace(db)
+    gone = time.time()
+
+    def noticed() -> bool:
+        return rig.api.request("GET", "/v1/health")[0] == 503
+
+    seen: float | None = None
+    with contextlib.suppress(AssertionError):
+        seen = rig.wait(noticed, 10.0, "the health check fails")
+    status, doc = rig.api.request("GET", "/v1/health")
+    refused = post_job(rig)[0]
+    record(
+        fault=f"the database file {how} under the running arbiter",
+        phase="serve_llm",
+        back_to_llm=None if seen is None else round(time.time() - gone, 1),
+        alerts="storage" if alert(rig, "storage") else "",
+        extra=f"health {status}: {doc.get('health', '') if isinstance(doc, dict) else doc}",
+        result="ok" if seen is not None and refused == 503 else "FAILED",
+    )
+    assert seen is not None, "still healthy 10 s after the database file was " + how
+    assert "arbiter.sqlite3" in doc["health"] and how in doc["health"], doc
+    assert refused == 503
+    assert alert(rig, "storage")

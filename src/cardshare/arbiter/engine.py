@@ -239,6 +239,7 @@ class Engine:
         # a move toward vLLM taken while the database could not be written: the state in
         # memory is ahead of the database's until storage works again
         self.unwritten: str | None = None
+        self.database_lost: str | None = None  # the database file deleted or replaced
         self.heartbeat = now  # wall clock: shown
         self.heartbeat_mono = self.clock.monotonic()  # its age is read on this
         self.alive = False
@@ -304,6 +305,11 @@ class Engine:
     def healthy(self) -> tuple[bool, str]:
         if not self.alive:
             return False, "the engine is not running"
+        if self.database_lost is not None:
+            return False, (
+                f"{self.database_lost}: restart the arbiter to open the database at that "
+                "path again (a missing one is refused at the start, naming the fix)"
+            )
         age = self.heartbeat_age()
         if age > self.config.heartbeat_stale_seconds:
             return False, (
@@ -674,7 +680,10 @@ class Engine:
                 self.beat()
                 # a storage fault pauses the jobs, not the machine: the card goes back to
                 # vLLM, and no swap to image starts until the data directory works again
-                problem = (
+                # the database file's identity, with every heartbeat: one deleted or replaced
+                # under the arbiter is not noticed by SQLite, which writes on into the old one
+                self.database_lost = self.store.identity_problem()
+                problem = self.database_lost or (
                     self._probe_storage()
                     if Alert.STORAGE in self.alerts
                     else self.storage_problem()

@@ -204,6 +204,21 @@ class Store:
             ) from exc
         if not marker.exists():
             write_atomic(marker, f"{path.name}\n".encode(), make_parents=True)
+        self.identity = _identity(path)
+
+    def identity_problem(self) -> str | None:
+        """None while the path still names the file opened; else what happened to it (deleted,
+        or replaced by another file: the arbiter would write into a file no one can open
+        again, and lose it all at its next start)."""
+        try:
+            now = _identity(self.path)
+        except FileNotFoundError:
+            return f"the database {self.path} was deleted while the arbiter ran"
+        except OSError as exc:
+            return f"the database {self.path} cannot be checked: {exc.strerror or exc}"
+        if now != self.identity:
+            return f"the database {self.path} was replaced by another file while the arbiter ran"
+        return None
 
     def _open(self, path: Path) -> None:
         result = self.conn.execute("PRAGMA quick_check").fetchone()
@@ -559,6 +574,11 @@ class Store:
                 (job_id, JobState.RUNNING.value),
             )
             return JobState.RUNNING if cur.rowcount == 1 else None
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
 
 
 def job_dir(data_dir: Path, job_id: str) -> Path:

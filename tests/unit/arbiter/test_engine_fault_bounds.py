@@ -4,6 +4,7 @@ not cure, against the fakes of arbiter_fakes."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_unti
 from cardshare.arbiter.api import check_workflow
 from cardshare.arbiter.engine import Alert, Engine
 from cardshare.arbiter.states import Mode, Phase
-from cardshare.arbiter.store import JobState
+from cardshare.arbiter.store import JobState, Store
 
 
 def submit(engine: Engine, n: int = 1, workflow: dict[str, Any] | None = None) -> list[str]:
@@ -204,3 +205,19 @@ async def test_a_wall_clock_step_moves_no_timeout(tmp_path: Path, step: float) -
     assert failed is not None and failed.state is JobState.FAILED
     assert failed.reason.startswith("not finished within job_timeout_seconds (20)")
     assert world.clock.monotonic() - begun < 60.0
+
+
+def test_the_store_tells_a_deleted_or_replaced_database_file(tmp_path: Path) -> None:
+    store = Store(tmp_path / "arbiter.sqlite3")
+    assert store.identity_problem() is None
+    copy = tmp_path / "copy"
+    shutil.copyfile(store.path, copy)
+    copy.replace(store.path)
+    assert store.identity_problem() == (
+        f"the database {store.path} was replaced by another file while the arbiter ran"
+    )
+    store.path.unlink()
+    assert store.identity_problem() == (
+        f"the database {store.path} was deleted while the arbiter ran"
+    )
+    store.close()
