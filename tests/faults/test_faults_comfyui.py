@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from batch import Batch, Case
@@ -319,3 +320,48 @@ def test_a_cancelled_job_queued_behind_another_prompt_never_runs(
     )
     assert state == "cancelled"
     assert not started, f"the cancelled job's prompt ran: {started}"
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_50_mb_history_answer_costs_the_arbiter_little_memory(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """GET /history/<id> answers 50 MB of JSON once (a misbehaving server or proxy): read
+    whole and parsed, it cost the arbiter some 300 MB; read at most HISTORY_MAX_BYTES
+    (8 MiB) it is a garbled answer, polled again; the job ends done, once. (The default
+    http_timeout_seconds: the rig's 0.5 s would cut the answer short before the limit does.)"""
+    rig = fresh(config={"http_timeout_seconds": 10.0})
+    rig.wait_llm(30.0)
+    assert rig.arbiter is not None
+    before = _peak_rss(rig.arbiter.pid)
+    item = '{"filename": "x.png", "subfolder": "", "type": "output"}, '
+    rule = rig.fault(  # 50 MB of JSON, a million small objects
+        "comfyui", "GET /history", "badjson", 1,
+        body='{"other": [', repeat=item, times=50 * 2**20 // len(item), suffix="0]}",
+    )  # fmt: skip
+    rig.submit(1)
+    rig.wait(lambda: rig.hits("comfyui", rule) == 1, 60.0, "the 50 MB answer sent")
+    back = rig.wait_llm(60.0)
+    after = _peak_rss(rig.arbiter.pid)
+    verdict = rig.verdict()
+    grown = (after - before) / 2**20
+    record(
+        fault="comfyui GET /history: a 50 MB JSON answer x1",
+        phase="run_jobs",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        duplicates=len(verdict.duplicates),
+        lost=len(verdict.lost),
+        back_to_llm=round(back - time.time(), 1),
+        extra=f"the arbiter's peak RSS grew {grown:.0f} MiB ({before >> 20} -> {after >> 20})",
+        result="ok" if grown < 16 else "FAILED",
+    )
+    assert (verdict.done, verdict.duplicates, verdict.lost) == (1, {}, [])
+    assert grown < 16, f"the arbiter's peak memory grew {grown:.0f} MiB"

@@ -158,13 +158,24 @@ class _Http:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def request(
-        self, method: str, path: str, *, ok: tuple[int, ...] = (200,), **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200,),
+        limit: int | None = None,
+        **kwargs: Any,
     ) -> tuple[int, bytes]:
+        """``limit``: an answer larger than this many bytes is read no further (Unavailable):
+        a server's garbage never costs the arbiter more memory than that."""
         url = self.base + path
         try:
             async with self.session.request(method, url, timeout=self.timeout, **kwargs) as resp:
-                body = await resp.read()
                 status = resp.status
+                if limit is None:
+                    body = await resp.read()
+                else:
+                    body = await _bounded(resp, limit, f"{method} {url}")
         except _NET_ERRORS as exc:
             raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         except (ValueError, TypeError) as exc:  # the request cannot be sent (e.g. CR/LF, NUL)
@@ -180,6 +191,26 @@ class _Http:
                 detail = text
             raise Rejected(f"{method} {url} answered {status}: {text}", detail, status)
         raise Unavailable(f"{method} {url} answered {status}: {text}")
+
+
+async def _bounded(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The body, read in chunks, at most ``limit`` bytes."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise Unavailable(f"{what} answered {resp.content_length} bytes (more than {limit})")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise Unavailable(f"{what} answered more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# the largest answers read from ComfyUI's JSON routes: one prompt's history entry (its
+# prompt and output list) is kilobytes; the queue lists every queued prompt whole
+HISTORY_MAX_BYTES = 8 << 20
+QUEUE_MAX_BYTES = 32 << 20
 
 
 class HttpLlm:
@@ -235,12 +266,12 @@ class HttpComfy:
         return str(doc.get("prompt_id", prompt_id))
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
-        _, body = await self.http.request("GET", f"/history/{prompt_id}")
+        _, body = await self.http.request("GET", f"/history/{prompt_id}", limit=HISTORY_MAX_BYTES)
         entry = _object(body, "GET /history").get(prompt_id)
         return entry if isinstance(entry, dict) else None
 
     async def queued(self, prompt_id: str, subfolder: str) -> str | None:
-        _, body = await self.http.request("GET", "/queue")
+        _, body = await self.http.request("GET", "/queue", limit=QUEUE_MAX_BYTES)
         doc = _object(body, "GET /queue")
         found: str | None = None
         for key in ("queue_running", "queue_pending"):
