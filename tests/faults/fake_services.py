@@ -147,7 +147,23 @@ NODE_CLASSES = (
     "LoadImage",
     "SaveImage",
     "PreviewImage",
+    "SaveAnimatedWEBP",
+    "SaveAudio",
 )
+# what ComfyUI 0.8's savers write: <prefix>_<counter:05>_.<extension> (nodes.py,
+# comfy_extras/nodes_images.py, comfy_extras/nodes_audio.py)
+SAVER_EXTENSIONS = {"SaveAnimatedWEBP": "webp", "SaveAudio": "flac"}
+
+
+def saved_bytes(extension: str, text: str) -> bytes:
+    """A file of the saver's format carrying ``text`` (to tell outputs apart): a real PNG, a
+    RIFF/WEBP container, a FLAC stream marker."""
+    if extension == "webp":
+        payload = b"VP8 " + text.encode()
+        return b"RIFF" + struct.pack("<I", 4 + len(payload)) + b"WEBP" + payload
+    if extension == "flac":
+        return b"fLaC" + text.encode()
+    return png(text)
 
 
 def png(text: str) -> bytes:
@@ -353,8 +369,17 @@ class Comfy(App):
             self.pending[:] = [p for p in self.pending if p[1] not in drop]
         return Reply(200, b"", "text/plain")
 
-    def interrupt_post(self, _: Request) -> Reply:
-        self.interrupt.set()
+    def interrupt_post(self, request: Request) -> Reply:
+        """As ComfyUI since 0.3.4x: with a ``prompt_id``, only when that prompt runs."""
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = {}
+        wanted = body.get("prompt_id") if isinstance(body, dict) else None
+        with self.lock:
+            if wanted and (self.running is None or self.running[1] != wanted):
+                return Reply(200, b"", "text/plain")
+            self.interrupt.set()
         return Reply(200, b"", "text/plain")
 
     def history_get(self, request: Request) -> Reply:
@@ -418,8 +443,10 @@ class Comfy(App):
             if entry.startswith(stem + "_"):
                 with contextlib.suppress(ValueError):
                     numbers.append(int(entry[len(stem) + 1 :].split("_")[0]))
-        filename = f"{stem}_{max(numbers) + 1:05}_.png"
-        (folder / filename).write_bytes(png(json.dumps({"prefix": prefix, "prompt": prompt_id})))
+        extension = SAVER_EXTENSIONS.get(str(prompt[node_id].get("class_type")), "png")
+        filename = f"{stem}_{max(numbers) + 1:05}_.{extension}"
+        text = json.dumps({"prefix": prefix, "prompt": prompt_id})
+        (folder / filename).write_bytes(saved_bytes(extension, text))
         return {"filename": filename, "subfolder": subfolder, "type": "output"}
 
     def free(self, request: Request) -> Reply:

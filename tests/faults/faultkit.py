@@ -13,8 +13,9 @@ A rule: ``{"id", "route", "kind", "remaining", "when", ...}``
 * ``kind``: ``exception`` (connection reset, no answer), ``close`` (closed without an
   answer), ``garbage`` (bytes that are not HTTP), ``badjson`` (HTTP 200 whose body is not
   JSON), ``hang`` (no answer for ``seconds``, then the connection is closed), ``status``
-  (an error answer with ``status``), ``delay`` (``min``..``max`` seconds of latency, then
-  the normal answer), or a service's own kinds
+  (an error answer with ``status``; ``badjson`` answers ``body``, then ``repeat`` ``times``
+  times and ``suffix`` when given: a large answer from a small rule), ``delay``
+  (``min``..``max`` seconds of latency, then the normal answer), or a service's own kinds
   (ComfyUI's ``execute`` route: ``crash_before_save``, ``crash_after_save``, ``exec_error``,
   ``exec_hang``; the card's ``current.json``: ``garbage``, ``missing``, ``stale``,
   ``foreign``, ``badshape``);
@@ -323,6 +324,9 @@ class FaultyHandler(BaseHTTPRequestHandler):
             return
         if kind == "badjson":
             body = str(rule.get("body", '{"truncated": [1, 2')).encode()
+            if rule.get("repeat"):  # a large answer: body, repeat x times, suffix
+                body += str(rule["repeat"]).encode() * int(rule.get("times", 1))
+                body += str(rule.get("suffix", "")).encode()
             self._send(Reply(200, body, "application/json"))
             return
         self.close_connection = True

@@ -58,6 +58,14 @@ WORKFLOW_TWO_SAVES: dict[str, Any] = {
     **WORKFLOW,
     "12": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "B"}},
 }
+# an animation saved through SaveAnimatedWEBP: <prefix>_00001_.webp
+WORKFLOW_WEBP: dict[str, Any] = {
+    **{k: v for k, v in WORKFLOW.items() if k != "9"},
+    "9": {
+        "class_type": "SaveAnimatedWEBP",
+        "inputs": {"images": ["8", 0], "filename_prefix": "ComfyUI", "fps": 6.0},
+    },
+}
 INPUT_PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake input").decode()
 
 # short timings: every wait of the arbiter is bounded by a second or a few
@@ -83,6 +91,9 @@ CONFIG: dict[str, Any] = {
     "job_max_attempts": 3,
     "job_max_errors": 3,
     "comfyui_unanswered_polls": 3,
+    # a shared rig runs case after case, each restarting ComfyUI: the hour's bound is tried by
+    # its own test (test_faults_persistent.py)
+    "comfyui_max_restarts_per_hour": 100_000,
 }
 SETTINGS: dict[str, Any] = {
     "card_interval": 0.05,
@@ -371,10 +382,13 @@ class Rig:
             "--config",
             str(self.root / "arbiter.json"),
         ]
+        # the package of this checkout, whatever the virtualenv's editable install points at
+        path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
         with open(self.root / f"arbiter-{self.arbiter_runs}.log", "ab") as log:
             self.arbiter = subprocess.Popen(
                 [*self.wrapper, *argv],
                 cwd=REPO,
+                env={**os.environ, "PYTHONPATH": path},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=set_parent_death_signal,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from batch import Case, Record, Worker
-from rig import WORKFLOW, WORKFLOW_INPUT, WORKFLOW_TWO_SAVES, Rig, Verdict
+from rig import WORKFLOW, WORKFLOW_INPUT, WORKFLOW_TWO_SAVES, WORKFLOW_WEBP, Rig, Verdict
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Scenario:
     # the jobs); None: before the jobs are submitted
     arm_at: str | None = None
     jobs: int = 2
-    # plain | input | two_saves | mixed (plain and input in turn: from the third job on, each
+    # plain | input | two_saves | webp | mixed (plain and input in turn: from the third job on, each
     # follows the other workflow's models and its own peak is known, so /free comes first)
     workflow: str = "plain"
     alerts: tuple[str, ...] = ()  # each must be raised
@@ -74,7 +74,12 @@ class Scenario:
         return "; ".join(parts)
 
 
-WORKFLOWS = {"plain": WORKFLOW, "input": WORKFLOW_INPUT, "two_saves": WORKFLOW_TWO_SAVES}
+WORKFLOWS = {
+    "plain": WORKFLOW,
+    "input": WORKFLOW_INPUT,
+    "two_saves": WORKFLOW_TWO_SAVES,
+    "webp": WORKFLOW_WEBP,
+}
 
 
 def run_scenario(

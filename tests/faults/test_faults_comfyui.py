@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from batch import Batch, Case
-from rig import WORKFLOW, WORKFLOW_INPUT, Rig
+from rig import WORKFLOW, WORKFLOW_INPUT, Http, Rig
 from scenario import Fault, Scenario, cases
 
 pytestmark = pytest.mark.faults
@@ -141,6 +144,20 @@ SCENARIOS = [
         S(F("execute", "crash_after_save"), workflow="two_saves", alerts=CRASHED),
         "crash-after-save-2",
     ),
+    # a saver that writes WebP (SaveAnimatedWEBP): its .webp file on disk is the evidence
+    P(
+        S(F("execute", "crash_after_save"), workflow="webp", alerts=CRASHED),
+        "crash-after-save-webp",
+    ),
+    P(
+        S(
+            F("execute", "crash_after_save"),
+            workflow="webp",
+            settings={"comfyui_restart_policy": "on-failure"},
+        ),
+        "crash_after_save-webp-respawn",
+    ),
+    P(S(F("GET /history", "badjson", 1, body="{}"), workflow="webp"), "history-forgotten-webp"),
     # with a restart policy ComfyUI is back at once with an empty history
     *[
         P(S(F("execute", k), settings={"comfyui_restart_policy": "on-failure"}), f"{k}-respawn")
@@ -213,3 +230,138 @@ def test_free_before_a_job_waits_for_the_release(
     # the release seen in the card data (384 MiB kept of 20 GiB), not /free's 200
     assert f"job {third}: ComfyUI holds 402653184 bytes after /free (21474836480 before)" in log
     assert "not released within" not in log, log
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_an_answered_prompt_id_of_another_job_is_not_trusted(
+    fresh: Callable[..., Rig], record: Callable[..., None], when: str
+) -> None:
+    """ComfyUI (a proxy in between, a restarted server, a bug) answers job B's submission
+    with job A's prompt id: B's prompt queued under its own id (``after``: the answer is
+    replaced) or not at all (``before``). B must end done with its own file, run once;
+    before, B was done with A's file (and, with ``before``, never ran)."""
+    rig = fresh(settings={"comfyui_job_seconds": 1.0})
+    rig.wait_llm(30.0)
+    start = time.time()
+    first, _ = rig.submit(2)
+    # A runs (its history stays while ComfyUI does): B's submission comes next
+    rig.wait(rig.executing, 15.0, "ComfyUI runs job A")
+    first_pid = next(
+        r["prompt_id"]
+        for r in rig.executions_log()
+        if r.get("event") == "start" and f"cardshare/{first}/s0" in r.get("prefixes", [])
+    )
+    body = json.dumps({"prompt_id": first_pid, "number": 7, "node_errors": {}})
+    rule = rig.fault("comfyui", "POST /prompt", "badjson", 1, when=when, body=body)
+    back = rig.wait_llm(30.0)
+    verdict = rig.verdict()
+    record(
+        fault=f"comfyui POST /prompt answered with another job's prompt_id ({when} queueing)",
+        phase="run_jobs",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        failed=verdict.failed,
+        duplicates=len(verdict.duplicates),
+        lost=len(verdict.lost),
+        back_to_llm=round(back - start, 1),
+        extra=f"wrong outputs {len(verdict.wrong_outputs)}",
+        result="ok" if verdict.done == 2 and not verdict.wrong_outputs else "FAILED",
+    )
+    assert rig.hits("comfyui", rule) == 1
+    assert not verdict.wrong_outputs, f"done with another job's file: {verdict.wrong_outputs}"
+    assert (verdict.done, verdict.duplicates, verdict.lost) == (2, {}, [])
+
+
+def test_a_cancelled_job_queued_behind_another_prompt_never_runs(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """A prompt not the arbiter's (someone's, through ComfyUI's own API) runs when a job's
+    prompt is queued behind it, and the job is cancelled. Interrupting first and clearing the
+    queue 200 ms later (a slow /queue) let the job's prompt start in between and run anyway."""
+    rig = fresh(settings={"comfyui_job_seconds": 2.0})
+    rig.wait_llm(30.0)
+    # ComfyUI seen ready only after the foreign prompt is in (its readiness answers late)
+    ready = rig.fault("comfyui", "GET /object_info", "delay", None, min=1.0, max=1.0)
+    (job,) = rig.submit(1)
+    comfy = Http(rig.ports["comfyui"])
+    foreign = {
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "x/f"}}
+    }
+    foreign = {**{k: v for k, v in WORKFLOW.items() if k != "9"}, **foreign}
+    rig.wait(lambda: comfy.request("GET", "/queue", timeout=1.0)[0] == 200, 20, "ComfyUI up")
+    assert comfy.request("POST", "/prompt", {"prompt": foreign})[0] == 200
+    rig.clear("comfyui", ready)
+
+    def queued_behind() -> bool:
+        doc = comfy.request("GET", "/queue")[1]
+        return len(doc["queue_running"]) == 1 and len(doc["queue_pending"]) == 1
+
+    rig.wait(queued_behind, 20, "the job's prompt queued behind the foreign one")
+    slow = rig.fault("comfyui", "POST /queue", "delay", None, min=0.2, max=0.2)
+    status, doc = rig.api.request("DELETE", f"/v1/jobs/{job}", auth=True)
+    assert status == 202, (status, doc)
+    rig.cancelled.add(job)
+    start = time.time()
+    back = rig.wait_llm(30.0)
+    rig.clear("comfyui", slow)
+    started = [
+        r
+        for r in rig.executions_log()
+        if r.get("event") == "start" and f"cardshare/{job}/s0" in r.get("prefixes", [])
+    ]
+    state = (rig.job(job) or {}).get("state")
+    record(
+        fault="cancel a job queued behind a foreign prompt (POST /queue 200 ms slow)",
+        phase="run_jobs",
+        jobs=1,
+        back_to_llm=round(back - start, 1),
+        extra=f"the cancelled job's prompt started {len(started)} time(s); state {state}",
+        result="ok" if not started and state == "cancelled" else "FAILED",
+    )
+    assert state == "cancelled"
+    assert not started, f"the cancelled job's prompt ran: {started}"
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_50_mb_history_answer_costs_the_arbiter_little_memory(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """GET /history/<id> answers 50 MB of JSON once (a misbehaving server or proxy): read
+    whole and parsed, it cost the arbiter some 300 MB; read at most HISTORY_MAX_BYTES
+    (8 MiB) it is a garbled answer, polled again; the job ends done, once. (The default
+    http_timeout_seconds: the rig's 0.5 s would cut the answer short before the limit does.)"""
+    rig = fresh(config={"http_timeout_seconds": 10.0})
+    rig.wait_llm(30.0)
+    assert rig.arbiter is not None
+    before = _peak_rss(rig.arbiter.pid)
+    item = '{"filename": "x.png", "subfolder": "", "type": "output"}, '
+    rule = rig.fault(  # 50 MB of JSON, a million small objects
+        "comfyui", "GET /history", "badjson", 1,
+        body='{"other": [', repeat=item, times=50 * 2**20 // len(item), suffix="0]}",
+    )  # fmt: skip
+    rig.submit(1)
+    rig.wait(lambda: rig.hits("comfyui", rule) == 1, 60.0, "the 50 MB answer sent")
+    back = rig.wait_llm(60.0)
+    after = _peak_rss(rig.arbiter.pid)
+    verdict = rig.verdict()
+    grown = (after - before) / 2**20
+    record(
+        fault="comfyui GET /history: a 50 MB JSON answer x1",
+        phase="run_jobs",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        duplicates=len(verdict.duplicates),
+        lost=len(verdict.lost),
+        back_to_llm=round(back - time.time(), 1),
+        extra=f"the arbiter's peak RSS grew {grown:.0f} MiB ({before >> 20} -> {after >> 20})",
+        result="ok" if grown < 16 else "FAILED",
+    )
+    assert (verdict.done, verdict.duplicates, verdict.lost) == (1, {}, [])
+    assert grown < 16, f"the arbiter's peak memory grew {grown:.0f} MiB"

@@ -5,9 +5,11 @@ ComfyUI restart, the handback; Docker down altogether; and a Docker call that ha
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from batch import Batch, Case, Record, Worker
+from rig import Rig
 from scenario import Fault, Scenario, cases, run_scenario
 
 pytestmark = pytest.mark.faults
@@ -209,3 +211,39 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_docker_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
     batch.check(request.node)
+
+
+def test_a_vllm_stop_that_keeps_failing_backs_off_and_its_alert_holds(
+    fresh: Callable[..., Rig], record: Callable[..., None]
+) -> None:
+    """Docker refuses every stop of vLLM for 10 s with a job queued: each failed stop sent
+    the card back to serving and the next poll swapped again (50 stops in 30 s), and the
+    alert came and went with each try. Now the swaps back off as a failed start of ComfyUI's
+    do (llm_retry_backoff_seconds, doubling to its max: 1 s here) and llm_stop_failed stays
+    raised until a stop works."""
+    rig = fresh()
+    rig.wait_llm(30.0)
+    rule = rig.fault("docker", "stop:vllm", "status", None, status=500)
+    start = time.time()
+    rig.submit(1)
+    rig.wait(lambda: rig.hits("docker", rule) >= 1, 15.0, "the first refused stop")
+    first = time.time()
+    time.sleep(10.0)
+    stops = rig.hits("docker", rule)
+    samples = [s for s in rig.monitor.samples if s.t >= first + 0.5]
+    flaps = sum(1 for s in samples if "llm_stop_failed" not in s.alerts)
+    rig.clear("docker", rule)
+    back = rig.wait_llm(30.0)
+    verdict = rig.verdict()
+    record(
+        fault="docker stop:vllm: status 500 for 10 s",
+        phase="stop_llm",
+        jobs=verdict.jobs,
+        done=verdict.done,
+        back_to_llm=round(back - start, 1),
+        extra=f"{stops} stops in 10 s; llm_stop_failed missing in {flaps} of {len(samples)}",
+        result="ok" if stops <= 15 and not flaps else "FAILED",
+    )
+    assert stops <= 15, f"{stops} stops of vLLM in 10 s"
+    assert not flaps, f"llm_stop_failed missing in {flaps} of {len(samples)} samples"
+    assert verdict.done == 1 and not verdict.lost

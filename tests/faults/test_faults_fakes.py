@@ -154,9 +154,9 @@ def test_fault_kinds_reach_the_arbiters_clients(
             # until cleared: aiohttp retries an idempotent request once after a reset
             rule = rig.fault("comfyui", "GET /queue", kind, None, **extra)
             with pytest.raises(error):
-                await comfy.in_queue("x")
+                await comfy.queued("x", "cardshare/x")
             rig.clear("comfyui", rule)
-            assert await comfy.in_queue("x") is False
+            assert await comfy.queued("x", "cardshare/x") is None
             rule = rig.fault("vllm", "GET /metrics", kind, None, **extra)
             if kind == "badjson":  # /metrics is text: a garbled 200 fails the parser instead
                 assert "vllm:" not in await llm.metrics()

@@ -1,8 +1,9 @@
 """The randomized run: 1,000 jobs through the real arbiter while it is SIGKILLed at random
 moments (restarted each time on the same data directory) and ComfyUI crashes at random
-(killed, with or without a restart policy, dying before or after saving), with random
-latencies on ComfyUI's /queue and /history and random job durations. Then: no job lost,
-none executed twice.
+(killed, with or without a restart policy, dying before or after saving), ComfyUI's /view
+fails for seconds on end (500, or hangs: faults that outlive restarts, the jobs they hit may
+fail after job_max_restarts), with random latencies on ComfyUI's /queue and /history and
+random job durations. Then: no job lost, none executed twice.
 
 ``FAULTS_RANDOM_JOBS`` (1000), ``FAULTS_RANDOM_SEED`` (time), ``FAULTS_RANDOM_SECONDS`` (180:
 the faults stop then, whatever is left runs without them) and ``FAULTS_RANDOM_SETTLE`` (240:
@@ -119,14 +120,28 @@ def test_randomized_jobs_with_sigkills_and_comfyui_crashes(
     kill_phases: Counter[str] = Counter()
     row: dict[str, Any] = {"fault": "random SIGKILLs, ComfyUI crashes, latencies", "phase": "all"}
     settle_note = "faults still on"
+    lasting: list[tuple[str, float]] = []  # persistent faults armed: (rule id, clear at)
     try:
         while submitter.is_alive() or rig.status()["queue_length"] > 0:
             if time.time() - start > bound:  # the rest runs without faults
                 row["phase"] = f"all (faults stopped at {bound:g} s)"
                 break
             time.sleep(rng.uniform(0.8, 2.5))
+            for rule_id, until in list(lasting):
+                if time.time() >= until:
+                    rig.clear("comfyui", rule_id)
+                    lasting.remove((rule_id, until))
             roll = rng.random()
-            if roll < 0.5:
+            if roll >= 0.88 and not lasting:
+                # a fault that outlives restarts of ComfyUI, for a few seconds
+                kind = rng.choice(("500", "hang"))
+                extra: dict[str, Any] = {"status": 500} if kind == "500" else {}
+                rule_id = rig.fault(
+                    "comfyui", "GET /view", "status" if kind == "500" else "hang", None, **extra
+                )
+                lasting.append((rule_id, time.time() + rng.uniform(2.0, 6.0)))
+                events[f"/view {kind} for seconds"] += 1
+            elif roll < 0.45:
                 # half of the kills at a random moment, half as soon as a chosen phase shows
                 wanted = rng.choice(PHASES) if rng.random() < 0.5 else None
                 phase = kill(rig, wanted)
@@ -134,7 +149,7 @@ def test_randomized_jobs_with_sigkills_and_comfyui_crashes(
                 events["sigkill"] += 1
                 time.sleep(rng.choice((0.0, 0.0, rng.uniform(0.0, 0.5))))
                 rig.start_arbiter()
-            elif roll < 0.75:
+            elif roll < 0.68:
                 respawn = rng.random() < 0.5
                 if rig.docker.crash("comfyui", respawn=respawn):
                     events[f"comfyui killed{' +respawn' if respawn else ''}"] += 1
@@ -159,7 +174,7 @@ def test_randomized_jobs_with_sigkills_and_comfyui_crashes(
         assert not submitter.is_alive(), f"{len(rig.jobs)} of {target} acknowledged in {settle:g} s"
         back = rig.wait_llm(settle)
         elapsed = back - start
-        verdict = rig.verdict(may_fail="gave up after|not finished within")
+        verdict = rig.verdict(may_fail="gave up after|not finished within|could not be fetched")
         saved = rig.saved_by_job()
         orphans = sorted(set(saved) - set(rig.jobs))  # created, but the 201 was lost in a kill
         duplicates = {j: n for j, n in saved.items() if n > 1}

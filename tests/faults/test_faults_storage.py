@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -179,13 +180,118 @@ def low_disk_in_image_mode_hands_back(worker: Worker, record: Record, name: str)
     )
 
 
+def safe_state(rig: Rig) -> bool:
+    """vLLM serving and ComfyUI stopped (the queue may hold jobs: they wait for the disk)."""
+    st = rig.status()
+    c = rig.docker.containers()
+    return (
+        st["mode"] == "llm"
+        and c["vllm"]["running"]
+        and not c["comfyui"]["running"]
+        and rig.vllm_healthy()
+    )
+
+
+def _store_fails_in_image_mode(
+    worker: Worker, record: Record, name: str, how: str, heal: Callable[[Rig], None]
+) -> None:
+    """The database cannot be written while ComfyUI runs a job (no transition can be
+    persisted). Expected: the card goes back to vLLM anyway (the safe state), new jobs are
+    refused with a 503, the storage alert; once storage heals the jobs run, once."""
+    rig = tmpfs_rig(worker, comfyui_job_seconds=0.5)
+    start = time.time()
+    rig.submit(3)
+    rig.wait(rig.executing, 15, "ComfyUI runs a job")
+    fill(rig, 0)
+    failed_at = time.time()
+    try:
+        rig.wait(lambda: safe_state(rig), 20, "vLLM serving while the data directory fails")
+        in_llm: float | None = time.time() - failed_at
+    except AssertionError:
+        in_llm = None
+    phase = rig.status()["phase"]
+    refused = post_job(rig)
+    storage_alert = alert(rig, "storage")
+    time.sleep(1.0)
+    heal(rig)
+    sc = Scenario((), f"run_jobs ({how})", jobs=0, alerts=("storage",))
+    run_scenario(
+        rig,
+        sc,
+        record,
+        name,
+        since=start,
+        checks=(
+            lambda: (
+                None
+                if in_llm is not None
+                else f"still in {phase} (vLLM not serving) 20 s after the data directory failed"
+            ),
+            lambda: None if refused[0] == 503 else f"POST /v1/jobs answered {refused[0]}, not 503",
+            lambda: None if storage_alert else "no storage alert while it failed",
+        ),
+    )
+    print(f"{name}: vLLM serving {in_llm} s after the data directory failed")
+
+
+def full_at_once_in_image_mode_falls_back(worker: Worker, record: Record, name: str) -> None:
+    """The disk fills up at once (ENOSPC: SQLite answers "database or disk is full") while
+    ComfyUI runs a job. (A read-only remount of the tmpfs is refused while SQLite holds its
+    files open for writing: the read-only database is tried in the unit tests.)"""
+    _store_fails_in_image_mode(worker, record, name, "full", free)
+
+
 @pytest.mark.parametrize(
     "case",
     [
         pytest.param(Case(low_free_space_refuses_jobs, 4.0), id="low-free-space"),
         pytest.param(Case(enospc_while_storing_outputs, 6.0), id="enospc-storing-outputs"),
         pytest.param(Case(low_disk_in_image_mode_hands_back, 14.0), id="low-disk-in-image-mode"),
+        pytest.param(Case(full_at_once_in_image_mode_falls_back, 14.0), id="full-in-image-mode"),
     ],
 )
 def test_storage_fault(batch: Batch, request: pytest.FixtureRequest, case: Case) -> None:
     batch.check(request.node)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_deleted_or_replaced_under_the_arbiter_is_noticed(
+    fresh: Callable[..., Rig], record: Callable[..., None], how: str
+) -> None:
+    """The database file is deleted (or replaced by another file) while the arbiter runs: it
+    went on writing into a file nobody could open again, took jobs, and said healthy until a
+    restart. Now its heartbeat checks the file's identity: unhealthy (so that its supervisor
+    restarts it, and the start refuses a lost database naming the fix), the storage alert,
+    new jobs refused with a 503."""
+    rig = fresh()
+    rig.wait_llm(30.0)
+    db = rig.data_dir / "arbiter.sqlite3"
+    assert db.exists()
+    if how == "deleted":
+        db.unlink()
+    else:
+        tmp = db.with_name(".replacement")
+        shutil.copyfile(db, tmp)
+        tmp.replace(db)
+    gone = time.time()
+
+    def noticed() -> bool:
+        return rig.api.request("GET", "/v1/health")[0] == 503
+
+    seen: float | None = None
+    with contextlib.suppress(AssertionError):
+        seen = rig.wait(noticed, 10.0, "the health check fails")
+    status, doc = rig.api.request("GET", "/v1/health")
+    refused = post_job(rig)[0]
+    record(
+        fault=f"the database file {how} under the running arbiter",
+        phase="serve_llm",
+        back_to_llm=None if seen is None else round(time.time() - gone, 1),
+        alerts="storage" if alert(rig, "storage") else "",
+        extra=f"health {status}: {doc.get('health', '') if isinstance(doc, dict) else doc}",
+        result="ok" if seen is not None and refused == 503 else "FAILED",
+    )
+    assert seen is not None, "still healthy 10 s after the database file was " + how
+    assert "arbiter.sqlite3" in doc["health"] and how in doc["health"], doc
+    assert refused == 503
+    assert alert(rig, "storage")

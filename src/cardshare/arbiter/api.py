@@ -24,12 +24,13 @@ from cardshare.arbiter.engine import (
     Engine,
     check_input_name,
     decode_inputs,
+    image_type,
     is_storage_error,
     storable_text,
 )
 from cardshare.arbiter.history import HistoryView
 from cardshare.arbiter.metrics import families
-from cardshare.arbiter.resume import save_nodes
+from cardshare.arbiter.resume import SAVER_EXTENSIONS, save_nodes, unfindable_savers
 from cardshare.arbiter.statuspage import render_main, render_page
 from cardshare.arbiter.store import Job, JobState, SwapRecord, job_dir
 
@@ -101,6 +102,13 @@ def check_workflow(workflow: Any) -> dict[str, Any]:
             "workflow has no save node (SaveImage, or a node with a filename_prefix input): "
             "the arbiter returns saved images only"
         )
+    unfindable = unfindable_savers(workflow)
+    if unfindable:
+        raise ValueError(
+            f"workflow saves through {', '.join(unfindable)}: the arbiter finds a job's files "
+            "after a restart of ComfyUI (so that it never runs twice) only for "
+            f"{', '.join(sorted(SAVER_EXTENSIONS))}; save through one of them"
+        )
     return workflow
 
 
@@ -110,6 +118,7 @@ def job_doc(job: Job) -> dict[str, Any]:
         "state": job.state.value,
         "reason": job.reason,
         "attempts": job.attempts,
+        "restarts": job.restarts,
         "cancel_requested": job.cancel_requested,
         "outputs": [f"/v1/jobs/{job.id}/outputs/{n}" for n in range(job.outputs)],
         "created": job.created,
@@ -239,7 +248,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
         data = path.read_bytes()
     except OSError:
         return _error(404, "output file missing")
-    return web.Response(body=data, content_type="image/png")
+    return web.Response(body=data, content_type=image_type(data) or "image/png")
 
 
 async def delete_job(request: web.Request) -> web.Response:
@@ -413,10 +422,11 @@ class StatusData:
         history = None
         if self.history is not None:
             async with self._lock:
-                due = self._refreshed is None or now - self._refreshed >= self.refresh_seconds
+                mono = engine.clock.monotonic()  # the refresh's interval
+                due = self._refreshed is None or mono - self._refreshed >= self.refresh_seconds
                 if due:
                     await asyncio.to_thread(self.history.refresh)
-                    self._refreshed = now
+                    self._refreshed = mono
                 history = self.history.doc()
         card = engine.last_card
         doc = status_doc(engine, authorized=False)

@@ -121,6 +121,12 @@ class Config:
     job_max_errors: int = 3
     # ComfyUI polls in a row that get no answer while its container runs: then it hangs
     comfyui_unanswered_polls: int = 3
+    # restarts of ComfyUI one job may cause (it died or hung under it) before it is failed:
+    # a fault that outlives restarts ends the job instead of restarting without end
+    job_max_restarts: int = 3
+    # restarts of ComfyUI in any hour: one more is not made, the card goes back to vLLM and
+    # no swap to image starts until the oldest of them is an hour old (the jobs stay queued)
+    comfyui_max_restarts_per_hour: int = 12
     # swaps to image after ComfyUI failed to come up: base, 2x, 4x ... capped
     image_retry_backoff_seconds: float = 60.0
     image_retry_backoff_max_seconds: float = 3600.0
@@ -190,6 +196,8 @@ _POSITIVE_INT = (
     "swap_history",
     "job_max_errors",
     "comfyui_unanswered_polls",
+    "job_max_restarts",
+    "comfyui_max_restarts_per_hour",
     "min_free_bytes",
 )
 _KNOWN = (

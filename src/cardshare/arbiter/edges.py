@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 
 from cardshare.arbiter.config import Config, ContainerRef
+from cardshare.arbiter.resume import prompt_writes_under
 from cardshare.docker_api import ContainerState, DockerClient, DockerError
 
 Role = Literal["llm", "image"]
@@ -57,11 +58,24 @@ class ComfyApi(Protocol):
     async def upload_image(self, name: str, data: bytes) -> str: ...
     async def submit(self, workflow: dict[str, Any], prompt_id: str) -> str: ...
     async def history(self, prompt_id: str) -> dict[str, Any] | None: ...
-    async def in_queue(self, prompt_id: str) -> bool: ...
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
+        """The id under which the job's prompt is queued or running: the entry of
+        ``prompt_id`` when its save nodes write under ``subfolder`` (the job's own), else any
+        entry that does; None when no entry is the job's."""
+        ...
+
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes: ...
     async def saved(self, filename: str, subfolder: str) -> bytes | None: ...
-    async def interrupt(self) -> None: ...
+    async def interrupt(self, prompt_id: str | None = None) -> None:
+        """Interrupt the running prompt; with ``prompt_id`` only when that one runs (ComfyUI
+        since 0.3.4x; an older one interrupts whatever runs)."""
+        ...
+
     async def clear_queue(self) -> None: ...
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        """Take a pending prompt out of ComfyUI's queue (nothing when it is not pending)."""
+        ...
 
     async def free(self) -> None:
         """Ask ComfyUI to unload its models and free memory. It answers at once and frees
@@ -149,13 +163,24 @@ class _Http:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def request(
-        self, method: str, path: str, *, ok: tuple[int, ...] = (200,), **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200,),
+        limit: int | None = None,
+        **kwargs: Any,
     ) -> tuple[int, bytes]:
+        """``limit``: an answer larger than this many bytes is read no further (Unavailable):
+        a server's garbage never costs the arbiter more memory than that."""
         url = self.base + path
         try:
             async with self.session.request(method, url, timeout=self.timeout, **kwargs) as resp:
-                body = await resp.read()
                 status = resp.status
+                if limit is None:
+                    body = await resp.read()
+                else:
+                    body = await _bounded(resp, limit, f"{method} {url}")
         except _NET_ERRORS as exc:
             raise Unavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         except (ValueError, TypeError) as exc:  # the request cannot be sent (e.g. CR/LF, NUL)
@@ -171,6 +196,26 @@ class _Http:
                 detail = text
             raise Rejected(f"{method} {url} answered {status}: {text}", detail, status)
         raise Unavailable(f"{method} {url} answered {status}: {text}")
+
+
+async def _bounded(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The body, read in chunks, at most ``limit`` bytes."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise Unavailable(f"{what} answered {resp.content_length} bytes (more than {limit})")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise Unavailable(f"{what} answered more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# the largest answers read from ComfyUI's JSON routes: one prompt's history entry (its
+# prompt and output list) is kilobytes; the queue lists every queued prompt whole
+HISTORY_MAX_BYTES = 8 << 20
+QUEUE_MAX_BYTES = 32 << 20
 
 
 class HttpLlm:
@@ -226,21 +271,27 @@ class HttpComfy:
         return str(doc.get("prompt_id", prompt_id))
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
-        _, body = await self.http.request("GET", f"/history/{prompt_id}")
+        _, body = await self.http.request("GET", f"/history/{prompt_id}", limit=HISTORY_MAX_BYTES)
         entry = _object(body, "GET /history").get(prompt_id)
         return entry if isinstance(entry, dict) else None
 
-    async def in_queue(self, prompt_id: str) -> bool:
-        _, body = await self.http.request("GET", "/queue")
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
+        _, body = await self.http.request("GET", "/queue", limit=QUEUE_MAX_BYTES)
         doc = _object(body, "GET /queue")
+        found: str | None = None
         for key in ("queue_running", "queue_pending"):
             items = doc.get(key)
             if not isinstance(items, list):
                 raise Unavailable(f"GET /queue answered {key} {items!r:.80}, not a list")
             for item in items:
-                if isinstance(item, list) and len(item) > 1 and item[1] == prompt_id:
-                    return True
-        return False
+                if not isinstance(item, list) or len(item) < 3 or not isinstance(item[1], str):
+                    continue
+                if not prompt_writes_under(item[2], subfolder):
+                    continue
+                if item[1] == prompt_id:
+                    return prompt_id
+                found = found or item[1]
+        return found
 
     async def view(self, filename: str, subfolder: str, kind: str) -> bytes:
         params = {"filename": filename, "subfolder": subfolder, "type": kind}
@@ -255,11 +306,15 @@ class HttpComfy:
                 return None
             raise
 
-    async def interrupt(self) -> None:
-        await self.http.request("POST", "/interrupt", json={})
+    async def interrupt(self, prompt_id: str | None = None) -> None:
+        body = {"prompt_id": prompt_id} if prompt_id else {}
+        await self.http.request("POST", "/interrupt", json=body)
 
     async def clear_queue(self) -> None:
         await self.http.request("POST", "/queue", json={"clear": True})
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        await self.http.request("POST", "/queue", json={"delete": [prompt_id]})
 
     async def free(self) -> None:
         await self.http.request("POST", "/free", json={"unload_models": True, "free_memory": True})

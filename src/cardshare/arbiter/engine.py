@@ -17,7 +17,7 @@ import shutil
 import sqlite3
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -57,11 +57,13 @@ from cardshare.arbiter.resume import (
     JobStep,
     history_error,
     history_images,
+    history_is_jobs,
     plan_job_step,
     plan_resume,
     save_nodes,
     save_prefix,
     saved_file_name,
+    saver_extension,
 )
 from cardshare.arbiter.rules import (
     Decision,
@@ -80,7 +82,14 @@ from cardshare.arbiter.rules import (
     should_swap_to_image,
     update_activity,
 )
-from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, next_phase
+from cardshare.arbiter.states import (
+    HANDBACK_PHASES,
+    MODE_OF,
+    Mode,
+    Outcome,
+    Phase,
+    next_phase,
+)
 from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
 from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import ContainerState, DockerError, docker_time
@@ -111,10 +120,13 @@ class Alert(StrEnum):
     LLM_INSUFFICIENT_VRAM = "llm_insufficient_vram"
     LLM_OOM_KILLED = "llm_oom_killed"
     LLM_RELEASE_TIMEOUT = "llm_release_timeout"
+    LLM_STOP_FAILED = "llm_stop_failed"  # in a row: swaps to image back off
     IMAGE_NOT_READY = "image_not_ready"
     IMAGE_START_FAILED = "image_start_failed"  # in a row: swaps to image back off
     IMAGE_STOP_FAILED = "image_stop_failed"  # vLLM stays stopped until ComfyUI is
     IMAGE_CRASHED = "image_crashed"  # ComfyUI exited or hung under a job
+    # comfyui_max_restarts_per_hour spent: the card went back to vLLM, the jobs wait
+    IMAGE_RESTART_LIMIT = "image_restart_limit"
     IMAGE_RELEASE_TIMEOUT = "image_release_timeout"
     IMAGE_OOM_KILLED = "image_oom_killed"
     DOCKER = "docker"
@@ -152,7 +164,14 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 class Clock(Protocol):
+    """Two clocks: ``now`` (the wall clock) for what people read and what is persisted or
+    compared with another process's times (the database, the card data's scan times, the
+    proxy's); ``monotonic`` for every timeout, deadline, backoff and "since" the engine
+    decides on, so that a step of the wall clock neither leaves a hung job untimed nor fails
+    a healthy one."""
+
     def now(self) -> float: ...
+    def monotonic(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
 
 
@@ -165,6 +184,9 @@ def _crashed(st: ContainerState) -> bool:
 class RealClock:
     def now(self) -> float:
         return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -192,8 +214,11 @@ class Engine:
     def __post_init__(self) -> None:
         now = self.clock.now()
         self.state: MachineState = self.store.machine(now)
-        # conservative start: vLLM must be seen idle for idle_seconds from now
-        self.activity = LlmActivity(last_active_at=now)
+        # persisted wall-clock times (image mode's start, a hold's end) on the monotonic
+        # clock, each converted once, when first seen by this process
+        self._mono_of: dict[float, float] = {}
+        # conservative start: vLLM must be seen idle for idle_seconds from now (monotonic)
+        self.activity = LlmActivity(last_active_at=self.clock.monotonic())
         self.alerts: dict[str, str] = {}
         self.faults: Counter[str] = Counter()  # alerts raised, by name, since the start
         self.last_decision = Decision(False, ("not evaluated yet",))
@@ -205,10 +230,19 @@ class Engine:
         self.image_retry_at = 0.0
         self.image_failure = ""
         self.image_stop_failures = 0
+        self.llm_stop_failures = 0  # stops of vLLM for a swap that failed, in a row
+        self.llm_stop_retry_at = 0.0
+        self.llm_stop_failure = ""
         self.comfy_unanswered = 0
+        self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
         self.pending_restart: str | None = None  # a failed poison job may still run there
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
-        self.heartbeat = now
+        # a move toward vLLM taken while the database could not be written: the state in
+        # memory is ahead of the database's until storage works again
+        self.unwritten: str | None = None
+        self.database_lost: str | None = None  # the database file deleted or replaced
+        self.heartbeat = now  # wall clock: shown
+        self.heartbeat_mono = self.clock.monotonic()  # its age is read on this
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
         self._step_job: str | None = None
@@ -244,13 +278,39 @@ class Engine:
     def beat(self) -> None:
         """The engine is making progress (the healthcheck reads the heartbeat's age)."""
         self.heartbeat = self.clock.now()
+        self.heartbeat_mono = self.clock.monotonic()
 
     def heartbeat_age(self) -> float:
-        return max(0.0, self.clock.now() - self.heartbeat)
+        return max(0.0, self.clock.monotonic() - self.heartbeat_mono)
+
+    def mono(self, wall: float, past: bool = True) -> float:
+        """A persisted wall-clock time on the monotonic clock: converted once, by its
+        distance from the wall clock's now, when this process first sees it (a time across a
+        restart of the arbiter cannot be monotonic); ``past``: a "since", never later than
+        now (the wall clock stepped back meanwhile)."""
+        found = self._mono_of.get(wall)
+        if found is None:
+            found = self.clock.monotonic() - (self.clock.now() - wall)
+            if past:
+                found = min(found, self.clock.monotonic())
+            if len(self._mono_of) > 64:
+                self._mono_of.clear()
+            self._mono_of[wall] = found
+        return found
+
+    def as_wall(self, mono: float) -> float:
+        """A monotonic time as the wall clock shows it now (for rules that weigh it against
+        times of other processes: the proxy's requests, the card's scans)."""
+        return self.clock.now() - (self.clock.monotonic() - mono)
 
     def healthy(self) -> tuple[bool, str]:
         if not self.alive:
             return False, "the engine is not running"
+        if self.database_lost is not None:
+            return False, (
+                f"{self.database_lost}: restart the arbiter to open the database at that "
+                "path again (a missing one is refused at the start, naming the fix)"
+            )
         age = self.heartbeat_age()
         if age > self.config.heartbeat_stale_seconds:
             return False, (
@@ -266,11 +326,11 @@ class Engine:
 
     async def _waiting(self, aw: Awaitable[T]) -> T:
         """Await a container stop/start/readiness call, counting its time as waited."""
-        start = self.clock.now()
+        start = self.clock.monotonic()
         try:
             return await aw
         finally:
-            self._waited += self.clock.now() - start
+            self._waited += self.clock.monotonic() - start
             self.beat()
 
     async def _pause(self, seconds: float) -> None:
@@ -294,10 +354,38 @@ class Engine:
 
     def _move(self, to: Phase, outcome: Outcome, reason: str) -> None:
         log.info("%s -> %s (%s): %s", self.state.phase, to, outcome, reason)
-        self.state = self.store.transition(
-            to, outcome, reason, self.clock.now(), waited_seconds=self._waited
-        )
+        now = self.clock.now()
+        try:
+            self.state = self.store.transition(
+                to, outcome, reason, now, waited_seconds=self._waited
+            )
+        except Exception as exc:
+            if not is_storage_error(exc) or to not in SAFE_WITHOUT_STORE:
+                raise
+            # the way back to vLLM never waits for the disk: taken in memory (the database's
+            # phase converges on a restart, as after a kill), written once storage works
+            self.unwritten = f"{to} ({outcome}: {reason})"[:300]
+            self._alert(
+                Alert.STORAGE,
+                f"the database cannot be written ({type(exc).__name__}: {exc}); the card goes "
+                "back to vLLM without it, jobs are paused and new ones refused until it works",
+            )
+            mode_since = self.state.mode_since if MODE_OF[to] is self.mode else now
+            self.state = MachineState(to, now, mode_since, self.state.swap_id, None)
         self._waited = 0.0
+
+    async def _write_state(self) -> None:
+        """Storage works again: the state taken in memory goes into the database."""
+        if self.unwritten is None:
+            return
+        self.state = self.store.transition(
+            self.state.phase,
+            Outcome.RESUME,
+            f"storage works again; taken while it failed: {self.unwritten}",
+            self.clock.now(),
+        )
+        log.info("storage works again: phase %s written", self.state.phase)
+        self.unwritten = None
 
     async def _card_view(self, newer_than: float | None) -> CardView:
         view = await self.card.read(newer_than)
@@ -402,6 +490,7 @@ class Engine:
             return None
         until = self.clock.now() + seconds
         self.store.set_hold(holder, until)
+        self._mono_of[until] = self.clock.monotonic() + seconds
         log.info("swaps held by %s for %g s", holder, seconds)
         return until
 
@@ -411,7 +500,7 @@ class Engine:
     def active_hold(self) -> tuple[str, float] | None:
         """(holder, until) of a hold that has not expired; an expired one is dropped."""
         hold = self.store.hold()
-        if hold is not None and self.clock.now() >= hold[1]:
+        if hold is not None and self.clock.monotonic() >= self.mono(hold[1], past=False):
             self.store.clear_hold()
             return None
         return hold
@@ -446,6 +535,12 @@ class Engine:
             probe.unlink()
         except OSError as exc:
             return f"cannot write to {self.config.data_dir}: {exc.strerror or exc}"
+        try:
+            self.store.probe_write(self.clock.now())
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            return f"cannot write the database {self.store.path}: {type(exc).__name__}: {exc}"
         return None
 
     # -- resume ----------------------------------------------------------------------------
@@ -511,7 +606,12 @@ class Engine:
     # -- the loop --------------------------------------------------------------------------
 
     async def step(self) -> None:
-        """Run the current phase's action once; transition on its outcome."""
+        """Run the current phase's action once; transition on its outcome. While the data
+        directory fails, a swap to image is abandoned for the way back to vLLM."""
+        abort = STORAGE_ABORTS.get(self.state.phase)
+        if abort is not None and self.storage_paused is not None:
+            self.transition(abort, f"the data directory fails: {self.storage_paused}")
+            return
         action = PHASE_ACTIONS[self.state.phase]
         result = await action(self)
         if result is not None:
@@ -582,7 +682,10 @@ class Engine:
                 self.beat()
                 # a storage fault pauses the jobs, not the machine: the card goes back to
                 # vLLM, and no swap to image starts until the data directory works again
-                problem = (
+                # the database file's identity, with every heartbeat: one deleted or replaced
+                # under the arbiter is not noticed by SQLite, which writes on into the old one
+                self.database_lost = self.store.identity_problem()
+                problem = self.database_lost or (
                     self._probe_storage()
                     if Alert.STORAGE in self.alerts
                     else self.storage_problem()
@@ -590,7 +693,7 @@ class Engine:
                 self.storage_paused = problem
                 if problem is not None:
                     self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
-                else:
+                elif self.unwritten is None or await self.guarded(self._write_state):
                     self._clear(Alert.STORAGE)
                 if not await self.guarded(self.step):
                     await self._sleep(self._backoff())
@@ -621,8 +724,10 @@ class Engine:
         except (Unavailable, Rejected, MetricsError) as exc:
             metrics_error = str(exc)
         else:
-            self.activity = update_activity(self.activity, metrics, now)
-            activity = self.activity
+            self.activity = update_activity(self.activity, metrics, self.clock.monotonic())
+            activity = dataclasses.replace(
+                self.activity, last_active_at=self.as_wall(self.activity.last_active_at)
+            )
         queue_length = self.store.queue_length()
         proxy, proxy_error = await self._proxy_state()
         card: CardView | None = None
@@ -660,10 +765,20 @@ class Engine:
             card_error=card_error,
             held_by=self.held_by(),
             storage_problem=self.storage_paused,
-            image_retry_in=(self.image_retry_at - now) if self.image_failures else None,
+            image_retry_in=(
+                (self.image_retry_at - self.clock.monotonic()) if self.image_failures else None
+            ),
             image_failure=self.image_failure or None,
+            llm_stop_retry_in=(
+                (self.llm_stop_retry_at - self.clock.monotonic())
+                if self.llm_stop_failures
+                else None
+            ),
+            llm_stop_failure=self.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
-            paused=frozenset(n for n, until in self.paused.items() if until > now),
+            paused=frozenset(
+                n for n, until in self.paused.items() if until > self.clock.monotonic()
+            ),
         )
 
     def _card_floor(self, now: float) -> float:
@@ -673,7 +788,7 @@ class Engine:
         ``llm_release_timeout_seconds`` after the acknowledgement: a tenant that keeps its
         memory longer is looked at again only as the data ages)."""
         floor = now - self.config.card_data_max_age_seconds
-        paused = {name for name, until in self.paused.items() if until > now}
+        paused = {name for name, until in self.paused.items() if until > self.clock.monotonic()}
         if paused:
             floor = max(floor, self.yield_acked_at)
             view = self.last_card
@@ -705,7 +820,8 @@ class Engine:
                 self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}")
                 return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
-            self._clear(Alert.LLM_RELEASE_TIMEOUT)
+            self._clear(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
+            self.llm_stop_failures = 0
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             obs = await self._confirm_card(obs, began)
@@ -761,7 +877,7 @@ class Engine:
         half); an ack within the tenant's bound is a pause, anything else leaves it a blocker."""
         if self.yielding is None:
             return
-        now = self.clock.now()
+        now = self.clock.monotonic()  # the leases' ends
         lease = self.config.yield_lease_seconds
         on_card = {c.name for c in self.last_card.clients} if self.last_card else set()
         for tenant in self.config.yielding_tenants:
@@ -778,7 +894,7 @@ class Engine:
                 continue
             if until is None or until <= now:  # a new pause, not a renewal: await its release
                 self.yield_acked_at = self.clock.now()
-            self.paused[tenant.name] = self.clock.now() + lease
+            self.paused[tenant.name] = self.clock.monotonic() + lease
             log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
 
     async def _resume_yielding(self) -> None:
@@ -852,8 +968,8 @@ class Engine:
         Each look asks for data scanned at that look (the arbiter's card data changes only
         by its own scans): memory that lingers past one scan is seen released at a later one.
         """
-        since = self.state.phase_since
-        deadline = self.clock.now() + timeout
+        since = self.state.phase_since  # wall clock: weighed against the scans' times
+        deadline = self.clock.monotonic() + timeout
         last = "no card data yet"
         while True:
             try:
@@ -868,7 +984,7 @@ class Engine:
                 )
             except CardDataError as exc:
                 last = str(exc)
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 message = f"memory not released after {timeout:g} s: {last}"
                 self._alert(alert, message)
                 return Result(Outcome.TIMEOUT, message)
@@ -877,7 +993,27 @@ class Engine:
     async def _stop_llm(self) -> Result:
         result = await self._stop("llm")
         if result.outcome is Outcome.OK:
+            self.llm_stop_failures = 0
+            self.llm_stop_failure = ""
+            self._clear(Alert.LLM_STOP_FAILED)
             await self._report_llm_gone_before_the_swap()
+            return result
+        # back to serving, and the next swap backs off: a stop Docker keeps refusing was tried
+        # again at every poll (and its alert came and went with each try)
+        self.llm_stop_failures += 1
+        self.llm_stop_failure = result.reason
+        delay = llm_retry_delay(
+            self.llm_stop_failures,
+            self.config.llm_retry_backoff_seconds,
+            self.config.llm_retry_backoff_max_seconds,
+        )
+        self.llm_stop_retry_at = self.clock.monotonic() + delay
+        self._alert(
+            Alert.LLM_STOP_FAILED,
+            f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
+            f"a row (last: {result.reason}); it keeps serving, next try in {delay:g} s; "
+            f"{self.store.queue_length()} job(s) kept queued",
+        )
         return result
 
     async def _report_llm_gone_before_the_swap(self) -> None:
@@ -919,7 +1055,7 @@ class Engine:
             self.config.image_retry_backoff_seconds,
             self.config.image_retry_backoff_max_seconds,
         )
-        self.image_retry_at = self.clock.now() + delay
+        self.image_retry_at = self.clock.monotonic() + delay
         if self.image_failures >= 2:
             self._alert(
                 Alert.IMAGE_START_FAILED,
@@ -937,10 +1073,15 @@ class Engine:
         return result
 
     async def _wait_image_ready(self) -> Result:
-        deadline = self.clock.now() + self.config.image_ready_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.image_ready_timeout_seconds
         while True:
             if await self._waiting(self.comfy.ready()):
-                self._clear(Alert.IMAGE_NOT_READY, Alert.IMAGE_OOM_KILLED, Alert.IMAGE_START_FAILED)
+                self._clear(
+                    Alert.IMAGE_NOT_READY,
+                    Alert.IMAGE_OOM_KILLED,
+                    Alert.IMAGE_START_FAILED,
+                    Alert.IMAGE_RESTART_LIMIT,
+                )
                 self.image_failures = 0
                 self.image_failure = ""
                 self.comfy_unanswered = 0
@@ -957,7 +1098,7 @@ class Engine:
                 return self._image_failed(
                     Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
                 )
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 message = (
                     f"ComfyUI did not answer /object_info within "
                     f"{self.config.image_ready_timeout_seconds:g} s"
@@ -999,7 +1140,8 @@ class Engine:
             reason, self.pending_restart = self.pending_restart, None
             return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
         proxy, _ = await self._proxy_state()
-        image_since = self.state.image_since or self.state.phase_since
+        # image mode's start is persisted (wall clock): its age is taken on the monotonic clock
+        image_since = self.as_wall(self.mono(self.state.image_since or self.state.phase_since))
         decision = should_hand_back(
             HandbackObservations(
                 queue_length=self.store.queue_length(),
@@ -1023,9 +1165,37 @@ class Engine:
         finally:
             self.current_job = None
 
+    def _restart_budget(self) -> Result | None:
+        """None when ComfyUI may be restarted once more this hour (the restart is counted);
+        else the card goes back to vLLM, alerted, and no swap to image starts until the
+        oldest restart of the hour is an hour old: a fault that restarts do not cure (a
+        ``/view`` that keeps failing) never keeps the card in image mode restarting."""
+        now = self.clock.monotonic()
+        while self.image_restarts and now - self.image_restarts[0] >= RESTART_WINDOW_SECONDS:
+            self.image_restarts.popleft()
+        limit = self.config.comfyui_max_restarts_per_hour
+        if len(self.image_restarts) < limit:
+            self.image_restarts.append(now)
+            return None
+        wait = self.image_restarts[0] + RESTART_WINDOW_SECONDS - now
+        message = (
+            f"ComfyUI was restarted {len(self.image_restarts)} times in the last hour "
+            f"(comfyui_max_restarts_per_hour {limit}): a fault that restarts do not cure; the "
+            f"card goes back to vLLM, {self.store.queue_length()} job(s) kept queued, the next "
+            f"swap to image in {wait:.0f} s"
+        )
+        self._alert(Alert.IMAGE_RESTART_LIMIT, message)
+        self.image_failures = max(self.image_failures, 1)
+        self.image_retry_at = now + wait
+        self.image_failure = f"{limit} restarts of ComfyUI in the last hour"
+        return Result(Outcome.FAILED, message)
+
     async def _restart_image(self) -> Result:
         """Restart means restart: interrupt the running prompt, clear ComfyUI's queue,
         restart the container and prove it by a new start time."""
+        spent = self._restart_budget()
+        if spent is not None:
+            return spent
         for call in (self.comfy.interrupt, self.comfy.clear_queue):
             try:
                 await self._waiting(call())
@@ -1086,7 +1256,7 @@ class Engine:
         if self.vram_gave_up is not None:
             # the last series gave up: stay out of llm until the card changes
             free = await self._measure_free()
-            waited = self.clock.now() - self.vram_gave_up_at
+            waited = self.clock.monotonic() - self.vram_gave_up_at
             changed = free is not None and card_changed(
                 self.vram_gave_up, free, self.config.vram_retry_margin_bytes
             )
@@ -1176,7 +1346,7 @@ class Engine:
         return result.outcome is Outcome.OK
 
     async def _wait_llm_ready(self) -> Result:
-        deadline = self.clock.now() + self.config.llm_ready_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.llm_ready_timeout_seconds
         last = "no answer yet"
         while True:
             try:
@@ -1200,7 +1370,7 @@ class Engine:
             failure = await self._waiting(self._container_failure("llm"))
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 return await self._llm_start_failed(failure)
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self.llm_failures += 1
                 message = (
                     f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
@@ -1236,7 +1406,7 @@ class Engine:
         tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
         if step.action is PassAction.GIVE_UP:
             self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
-            self.vram_gave_up_at = self.clock.now()
+            self.vram_gave_up_at = self.clock.monotonic()
             self.plan_next = None
             try:  # stopped, so that no restart policy keeps starting it meanwhile
                 await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
@@ -1291,7 +1461,7 @@ class Engine:
         Exactly once: a prompt is posted again only when it is provably in neither ComfyUI's
         queue nor its history and none of the job's files are on disk.
         """
-        deadline = self.clock.now() + self.config.job_timeout_seconds
+        deadline = self.clock.monotonic() + self.config.job_timeout_seconds
         while True:
             self.beat()
             current = self.store.job(job.id)
@@ -1305,8 +1475,13 @@ class Engine:
                 if not ended:
                     continue
                 return result
+            subfolder = save_prefix(job.id, 0)[0]
             try:
-                in_queue = await self.comfy.in_queue(job.prompt_id) if job.prompt_id else False
+                # found by its own files' subfolder, not only by the id ComfyUI answered
+                queued = (
+                    await self.comfy.queued(job.prompt_id, subfolder) if job.prompt_id else None
+                )
+                in_queue = queued is not None
                 history = (
                     await self.comfy.history(job.prompt_id)
                     if job.prompt_id and not in_queue
@@ -1319,6 +1494,16 @@ class Engine:
                 await self._sleep(self.config.poll_interval_seconds)
                 continue
             self.comfy_unanswered = 0
+            if queued is not None and queued != job.prompt_id:
+                log.warning("job %s: its prompt is queued as %s in ComfyUI", job.id, queued)
+                job = self.store.set_prompt_id(job.id, queued)
+            if history is not None and not history_is_jobs(history, subfolder):
+                log.warning(
+                    "job %s: ComfyUI's history of %s is another prompt's: not taken",
+                    job.id,
+                    job.prompt_id,
+                )
+                history = None
             step = plan_job_step(job.prompt_id, in_queue, history)
             if step is JobStep.FETCH_OUTPUTS:
                 assert history is not None
@@ -1355,12 +1540,12 @@ class Engine:
                     return None
                 except Unavailable as exc:
                     return await self._comfy_died(job, str(exc))
-                if got != job.prompt_id:  # an older ComfyUI chose its own id
-                    job = self.store.set_prompt_id(job.id, got)
+                if got != job.prompt_id:
+                    job = self._answered_id(job, got)
                 continue
             # POLL
             await self._sample_job_peak()
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self._finish(
                     job,
                     JobState.FAILED,
@@ -1370,12 +1555,35 @@ class Engine:
                 return Result(Outcome.RESTART, "a job timed out: restart ComfyUI to stop it")
             await self._sleep(self.config.poll_interval_seconds)
 
+    def _answered_id(self, job: Job, got: str) -> Job:
+        """ComfyUI answered the submission with another id than the one sent (an older one
+        chooses its own): taken unless it is empty or another job's (a restarted server, a
+        proxy in between, a bug); the poll finds the prompt by the job's subfolder anyway."""
+        other = self.store.job_with_prompt(got) if got else None
+        if not got or (other is not None and other.id != job.id):
+            log.warning(
+                "job %s: ComfyUI answered its prompt with id %r%s; its own id %s is kept",
+                job.id,
+                got,
+                f", job {other.id}'s" if other is not None else "",
+                job.prompt_id,
+            )
+            return job
+        log.info("job %s: ComfyUI chose the id %s for its prompt", job.id, got)
+        return self.store.set_prompt_id(job.id, got)
+
     async def _cancel_running(self, job: Job) -> Result | None:
-        """A running job cancelled by request: interrupt its prompt, then end it."""
+        """A running job cancelled by request: its prompt out of ComfyUI's queue first, then,
+        when it runs already, interrupted by its id. (Interrupting first let a prompt queued
+        behind another start as the interrupt ended that one, before the queue was cleared;
+        and it stopped a prompt that was not the job's.)"""
         try:
             if job.prompt_id is not None:
-                await self.comfy.interrupt()
-                await self.comfy.clear_queue()
+                await self.comfy.delete_queued(job.prompt_id)
+                subfolder = save_prefix(job.id, 0)[0]
+                running = await self.comfy.queued(job.prompt_id, subfolder)
+                if running is not None:
+                    await self.comfy.interrupt(running)
         except (Unavailable, Rejected) as exc:
             self.store.finish(
                 job.id,
@@ -1423,11 +1631,14 @@ class Engine:
         short (ComfyUI killed between creating the file and writing it): no evidence, and the
         next attempt's file follows it."""
         images: list[bytes] = []
-        for index, _ in enumerate(save_nodes(dict(job.workflow))):
+        workflow = dict(job.workflow)
+        for index, node_id in enumerate(save_nodes(workflow)):
             subfolder, stem = save_prefix(job.id, index)
+            extension = saver_extension(workflow, node_id)
             found = 0
             for counter in range(1, MAX_SAVED_PER_NODE + 1):
-                data = await self.comfy.saved(saved_file_name(stem, counter), subfolder)
+                name = saved_file_name(stem, counter, extension)
+                data = await self.comfy.saved(name, subfolder)
                 if data is None:
                     break
                 if not data:
@@ -1441,7 +1652,13 @@ class Engine:
         return images
 
     async def _fetch_outputs(self, job: Job, history: dict[str, Any]) -> Result | None:
-        images = history_images(history)
+        subfolder = save_prefix(job.id, 0)[0]
+        # the job's own files only: never another prompt's outputs
+        images = [
+            i
+            for i in history_images(history)
+            if i[1] == subfolder or i[1].startswith(subfolder + "/")
+        ]
         if not images:
             self._finish(job, JobState.FAILED, "the workflow finished without output images")
             return None
@@ -1555,9 +1772,18 @@ class Engine:
         self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
         if job.prompt_id is not None:
             job = self.store.set_prompt_id(job.id, None)
-        self.store.note(job.id, reason)
+        # every restart counts against the job, also one before its first attempt (a look
+        # for its files that fails): a fault that outlives restarts ends the job
+        job = self.store.count_restart(job.id, reason)
         if job.attempts >= self.config.job_max_attempts:
             self._finish(job, JobState.FAILED, f"{reason}; gave up after {job.attempts} attempt(s)")
+        elif job.restarts >= self.config.job_max_restarts:
+            self._finish(
+                job,
+                JobState.FAILED,
+                f"{reason}; gave up after {job.restarts} restarts of ComfyUI for this job "
+                f"(job_max_restarts {self.config.job_max_restarts})",
+            )
         return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
 
     def _finish(self, job: Job, state: JobState, reason: str, outputs: int = 0) -> None:
@@ -1613,8 +1839,8 @@ class Engine:
             log.warning("job %s: POST /free failed: %s", job.id, exc)
             return
         self.comfy_signature = None
-        deadline = self.clock.now() + self.config.image_release_timeout_seconds
-        while self.clock.now() < deadline:
+        deadline = self.clock.monotonic() + self.config.image_release_timeout_seconds
+        while self.clock.monotonic() < deadline:
             await self._pause(self.config.poll_interval_seconds)
             seen = await self._reclaim_view(peak)
             if seen is None:
@@ -1682,15 +1908,42 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
 }
 
+# the moves taken in memory when the database cannot be written: toward vLLM serving
+SAFE_WITHOUT_STORE = frozenset((*HANDBACK_PHASES, Phase.SERVE_LLM))
+# a swap to image (or a restart of ComfyUI) under way when the data directory fails: the
+# outcome that turns it back toward vLLM
+STORAGE_ABORTS: dict[Phase, Outcome] = {
+    Phase.STOP_LLM: Outcome.FAILED,
+    Phase.WAIT_LLM_RELEASE: Outcome.TIMEOUT,
+    Phase.START_IMAGE: Outcome.FAILED,
+    Phase.WAIT_IMAGE_READY: Outcome.FAILED,
+    Phase.RESTART_IMAGE: Outcome.FAILED,
+}
+
+# comfyui_max_restarts_per_hour counts the restarts of this long
+RESTART_WINDOW_SECONDS = 3600.0
+
 # a save node's batch larger than this is not looked for on disk
 MAX_SAVED_PER_NODE = 256
-
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 
 
 def is_image(data: bytes) -> bool:
     """PNG, JPEG, GIF or WebP by their signatures: what ComfyUI's save nodes write."""
-    return data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+    return image_type(data) is not None
+
+
+def image_type(data: bytes) -> str | None:
+    """The media type of an image by its signature (an output is kept as ``<n>.png`` whatever
+    it is: SaveAnimatedWEBP writes WebP)."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 def _substitute(value: Any, renames: dict[str, str]) -> Any:

@@ -129,6 +129,18 @@ def history_error(entry: dict[str, Any]) -> str:
 
 SAVE_PREFIX_ROOT = "cardshare"
 
+# ComfyUI's save nodes whose files the arbiter can find on disk when ComfyUI's history is
+# gone, by the extension each writes (ComfyUI 0.8, nodes.py and comfy_extras/nodes_images.py:
+# ``<prefix>_<counter:05>_.<ext>``) and whose files are images the arbiter can return. Any
+# other node with a ``filename_prefix`` (audio, video, latents, 3D, custom savers naming
+# their files otherwise) is refused at submission: a job whose files cannot be found after a
+# restart of ComfyUI would be run again.
+SAVER_EXTENSIONS: dict[str, str] = {
+    "SaveImage": "png",
+    "SaveAnimatedPNG": "png",
+    "SaveAnimatedWEBP": "webp",
+}
+
 
 def save_nodes(workflow: dict[str, Any]) -> list[str]:
     """The ids of the workflow's save nodes (``SaveImage``, or any node that takes a
@@ -145,15 +157,60 @@ def save_nodes(workflow: dict[str, Any]) -> list[str]:
     return sorted(found, key=lambda k: (len(k), k))
 
 
+def prompt_writes_under(prompt: Any, subfolder: str) -> bool:
+    """A prompt (API format) whose save nodes write under ``subfolder``: a job's own (the
+    arbiter gives every save node of a job the job's subfolder)."""
+    if not isinstance(prompt, dict):
+        return False
+    for node in prompt.values():
+        inputs = node.get("inputs") if isinstance(node, dict) else None
+        prefix = inputs.get("filename_prefix") if isinstance(inputs, dict) else None
+        if isinstance(prefix, str) and prefix.startswith(subfolder + "/"):
+            return True
+    return False
+
+
+def history_is_jobs(entry: dict[str, Any], subfolder: str) -> bool:
+    """Whether a history entry is the job's (``subfolder`` its own): its prompt, as ComfyUI
+    keeps it (``[number, id, prompt, extra, outputs]``), writes there, or, without it, every
+    image it lists is there. An id ComfyUI answered is never proof enough: a restarted
+    server, a proxy or a bug can answer one that another prompt had."""
+    prompt = entry.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 2:
+        return prompt_writes_under(prompt[2], subfolder)
+    images = history_images(entry)
+    return all(sub == subfolder or sub.startswith(subfolder + "/") for _, sub, _ in images)
+
+
 def save_prefix(job_id: str, index: int) -> tuple[str, str]:
     """(subfolder, file name stem) of a job's ``index``-th save node: unique to the job,
     so its outputs are found on disk when ComfyUI's in-memory history is gone."""
     return f"{SAVE_PREFIX_ROOT}/{job_id}", f"s{index}"
 
 
-def saved_file_name(stem: str, counter: int) -> str:
-    """ComfyUI's name for a saved image: ``<stem>_<counter:05>_.png``, counting from 1."""
-    return f"{stem}_{counter:05}_.png"
+def saved_file_name(stem: str, counter: int, extension: str = "png") -> str:
+    """ComfyUI's name for a saved file: ``<stem>_<counter:05>_.<extension>``, counting
+    from 1."""
+    return f"{stem}_{counter:05}_.{extension}"
+
+
+def saver_extension(workflow: dict[str, Any], node_id: str) -> str:
+    """The extension the save node writes (png for a node of another class: a job stored
+    before such nodes were refused)."""
+    node = workflow.get(node_id)
+    kind = node.get("class_type") if isinstance(node, dict) else None
+    return SAVER_EXTENSIONS.get(kind, "png") if isinstance(kind, str) else "png"
+
+
+def unfindable_savers(workflow: dict[str, Any]) -> list[str]:
+    """The save nodes whose files the arbiter could not find after a restart of ComfyUI,
+    as ``node <id> (<class>)``."""
+    found = []
+    for node_id in save_nodes(workflow):
+        kind = workflow[node_id].get("class_type")
+        if kind not in SAVER_EXTENSIONS:
+            found.append(f"node {node_id} ({kind})")
+    return found
 
 
 def history_images(entry: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -136,6 +136,9 @@ class SwapObservations:
     storage_problem: str | None = None  # the data directory cannot take the jobs' outputs
     image_retry_in: float | None = None  # ComfyUI failed to come up: seconds to wait
     image_failure: str | None = None
+    # vLLM could not be stopped for the last swap: seconds until the next try, and why
+    llm_stop_retry_in: float | None = None
+    llm_stop_failure: str | None = None
     # the next job's workflow: ComfyUI's peak VRAM measured in earlier runs (None: unknown)
     next_job_peak: int | None = None
     # yielding tenants that acknowledged a pause (they step aside for the swap)
@@ -193,6 +196,11 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
         blockers.append(
             f"ComfyUI failed to come up ({obs.image_failure or 'unknown'}): next try in "
             f"{obs.image_retry_in:.0f} s; the jobs stay queued"
+        )
+    if obs.llm_stop_retry_in is not None and obs.llm_stop_retry_in > 0:
+        blockers.append(
+            f"vLLM could not be stopped ({obs.llm_stop_failure or 'unknown'}): next try in "
+            f"{obs.llm_stop_retry_in:.0f} s; the jobs stay queued"
         )
     idle_for = _idle_blockers(obs, config, now, blockers)
     if obs.card is None:

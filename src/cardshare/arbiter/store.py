@@ -74,7 +74,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     errors INTEGER NOT NULL DEFAULT 0,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    saved TEXT
+    saved TEXT,
+    restarts INTEGER NOT NULL DEFAULT 0
+);
+-- written by the arbiter's storage probe: the database takes a write
+CREATE TABLE IF NOT EXISTS probe (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at REAL NOT NULL
 );
 -- ComfyUI's largest VRAM seen while a workflow ran, by its signature (plans.workflow_signature)
 CREATE TABLE IF NOT EXISTS workflow_peaks (
@@ -90,6 +96,7 @@ _JOB_COLUMNS_ADDED = (
     ("errors", "INTEGER NOT NULL DEFAULT 0"),
     ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
     ("saved", "TEXT"),
+    ("restarts", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # what Store.daily_counts counts per day
@@ -130,6 +137,7 @@ class Job:
     # the files ComfyUI's history reported saved, (filename, subfolder, type): the prompt
     # ran; from then on the outputs are fetched, the prompt is never run again
     saved: tuple[tuple[str, str, str], ...] | None = None
+    restarts: int = 0  # restarts of ComfyUI this job caused (it died or hung under it)
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,21 @@ class Store:
             ) from exc
         if not marker.exists():
             write_atomic(marker, f"{path.name}\n".encode(), make_parents=True)
+        self.identity = _identity(path)
+
+    def identity_problem(self) -> str | None:
+        """None while the path still names the file opened; else what happened to it (deleted,
+        or replaced by another file: the arbiter would write into a file no one can open
+        again, and lose it all at its next start)."""
+        try:
+            now = _identity(self.path)
+        except FileNotFoundError:
+            return f"the database {self.path} was deleted while the arbiter ran"
+        except OSError as exc:
+            return f"the database {self.path} cannot be checked: {exc.strerror or exc}"
+        if now != self.identity:
+            return f"the database {self.path} was replaced by another file while the arbiter ran"
+        return None
 
     def _open(self, path: Path) -> None:
         result = self.conn.execute("PRAGMA quick_check").fetchone()
@@ -301,6 +324,11 @@ class Store:
             )
         return MachineState(to, phase_since, mode_since, swap_id, image_since)
 
+    def probe_write(self, now: float) -> None:
+        """Write one row: raises when the database cannot take a write (full, read-only)."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO probe VALUES (1, ?)", (now,))
+
     def swaps(self, limit: int) -> list[SwapRecord]:
         rows = self.conn.execute(
             "SELECT id, direction, started, finished, ok FROM swaps ORDER BY id DESC LIMIT ?",
@@ -376,7 +404,7 @@ class Store:
 
     _JOB_COLS = (
         "id, state, workflow, inputs, reason, attempts, prompt_id, outputs, created, started,"
-        " finished, errors, cancel_requested, saved"
+        " finished, errors, cancel_requested, saved, restarts"
     )
 
     @staticmethod
@@ -398,6 +426,7 @@ class Store:
             saved=None
             if row[13] is None
             else tuple((str(f), str(d), str(k)) for f, d, k in json.loads(str(row[13]))),
+            restarts=int(row[14]),  # type: ignore[call-overload]
         )
 
     def add_job(
@@ -415,6 +444,14 @@ class Store:
     def job(self, job_id: str) -> Job | None:
         row = self.conn.execute(
             f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        return None if row is None else self._job(row)
+
+    def job_with_prompt(self, prompt_id: str) -> Job | None:
+        """The job whose recorded prompt id this is (the latest), None when no job's."""
+        row = self.conn.execute(
+            f"SELECT {self._JOB_COLS} FROM jobs WHERE prompt_id = ? ORDER BY seq DESC LIMIT 1",
+            (prompt_id,),
         ).fetchone()
         return None if row is None else self._job(row)
 
@@ -484,6 +521,10 @@ class Store:
         """Count an unexpected error of the arbiter while it ran this job."""
         return self._update(job_id, "errors = errors + 1, reason = ?", (reason,))
 
+    def count_restart(self, job_id: str, reason: str) -> Job:
+        """Count a restart of ComfyUI caused by this job (it died or hung under it)."""
+        return self._update(job_id, "restarts = restarts + 1, reason = ?", (reason,))
+
     def workflow_peak(self, signature: str) -> int | None:
         """ComfyUI's largest VRAM seen under the workflow signature, None when never run."""
         row = self.conn.execute(
@@ -525,6 +566,11 @@ class Store:
                 (job_id, JobState.RUNNING.value),
             )
             return JobState.RUNNING if cur.rowcount == 1 else None
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
 
 
 def job_dir(data_dir: Path, job_id: str) -> Path:

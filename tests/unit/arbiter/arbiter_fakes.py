@@ -16,6 +16,7 @@ from cardshare.arbiter.cardview import CardClient, CardView
 from cardshare.arbiter.config import Config, ContainerRef
 from cardshare.arbiter.edges import Rejected, Role, Unavailable
 from cardshare.arbiter.engine import Engine
+from cardshare.arbiter.resume import prompt_writes_under
 from cardshare.arbiter.store import Store
 from cardshare.docker_api import ContainerState, DockerError
 
@@ -27,10 +28,17 @@ WORKFLOW: dict[str, Any] = {
 
 
 class FakeClock:
+    """Both clocks advance together when the code sleeps; ``wall_step`` steps the wall clock
+    alone (an NTP correction, a manual change), as the real one can."""
+
     def __init__(self, start: float = 1_000_000.0) -> None:
         self.t = start
+        self.wall_step = 0.0
 
     def now(self) -> float:
+        return self.t + self.wall_step
+
+    def monotonic(self) -> float:
         return self.t
 
     async def sleep(self, seconds: float) -> None:
@@ -422,9 +430,10 @@ class FakeComfy:
         await self._arrive("history")
         return self.w.history.get(prompt_id)
 
-    async def in_queue(self, prompt_id: str) -> bool:
+    async def queued(self, prompt_id: str, subfolder: str) -> str | None:
         await self._arrive("queue")
-        return prompt_id in self.w.queue
+        found = [p for p in self.w.queue if prompt_writes_under(self.w.prompts[p], subfolder)]
+        return prompt_id if prompt_id in found else (found[0] if found else None)
 
     def _view_fault(self) -> bytes | None:
         if self.w.view_not_found:
@@ -449,10 +458,10 @@ class FakeComfy:
         await self._arrive("view")
         return self.w.files.get((subfolder, filename))
 
-    async def interrupt(self) -> None:
+    async def interrupt(self, prompt_id: str | None = None) -> None:
         await self._arrive("interrupt")
         self.w.interrupts += 1
-        if self.w.queue:
+        if self.w.queue and (prompt_id is None or self.w.queue[0] == prompt_id):
             pid = self.w.queue.pop(0)
             self.w.history[pid] = _error_entry(pid, "execution_interrupted", "")
             self.w.head_since = None
@@ -460,6 +469,10 @@ class FakeComfy:
     async def clear_queue(self) -> None:
         await self._arrive("queue_clear")
         del self.w.queue[1:]  # the running prompt stays: only /interrupt stops it
+
+    async def delete_queued(self, prompt_id: str) -> None:
+        await self._arrive("queue_delete")
+        self.w.queue[1:] = [p for p in self.w.queue[1:] if p != prompt_id]
 
     async def free(self) -> None:
         await self._arrive("free")

@@ -176,15 +176,15 @@ async def test_unexpected_error_is_alerted_and_the_loop_goes_on(tmp_path: Path) 
     world = World(FakeClock())
     engine = make_engine(tmp_path, world, idle_seconds=1.0, job_max_errors=3)
     poison, good = submit(engine, 2)
-    real_in_queue = engine.comfy.in_queue
+    real_queued = engine.comfy.queued
 
-    async def in_queue(prompt_id: str) -> bool:
+    async def queued(prompt_id: str, subfolder: str) -> str | None:
         job = engine.store.job(poison)
         if job is not None and job.prompt_id == prompt_id:
             raise KeyError("node_errors")
-        return await real_in_queue(prompt_id)
+        return await real_queued(prompt_id, subfolder)
 
-    engine.comfy.in_queue = in_queue  # type: ignore[method-assign]
+    engine.comfy.queued = queued  # type: ignore[method-assign]
     await run_guarded(engine, in_llm_with_no_jobs)
     failed = engine.store.job(poison)
     assert failed is not None

@@ -102,20 +102,27 @@ def comfy_app(world: World) -> web.Application:
 
     async def queue(_: web.Request) -> web.Response:
         down()
-        running = [[0, pid, {}, {}, []] for pid in world.queue[:1]]
-        pending = [[n, pid, {}, {}, []] for n, pid in enumerate(world.queue[1:], 1)]
+        # as ComfyUI lists them: [number, prompt_id, prompt, extra_data, outputs_to_execute]
+        running = [[0, pid, world.prompts[pid], {}, ["2"]] for pid in world.queue[:1]]
+        pending = [
+            [n, pid, world.prompts[pid], {}, ["2"]] for n, pid in enumerate(world.queue[1:], 1)
+        ]
         return web.json_response({"queue_running": running, "queue_pending": pending})
 
     async def queue_post(request: web.Request) -> web.Response:
         down()
-        if (await request.json()).get("clear"):
+        body = await request.json()
+        if body.get("clear"):
             del world.queue[1:]
+        drop = set(body.get("delete") or [])
+        world.queue[1:] = [p for p in world.queue[1:] if p not in drop]
         return web.Response()
 
-    async def interrupt(_: web.Request) -> web.Response:
+    async def interrupt(request: web.Request) -> web.Response:
         down()
         world.interrupts += 1
-        if world.queue:
+        wanted = (await request.json()).get("prompt_id")  # only that one, when given
+        if world.queue and wanted in (None, world.queue[0]):
             pid = world.queue.pop(0)
             world.history[pid] = {
                 "status": {
@@ -529,7 +536,7 @@ async def test_status_names_jobs_only_with_the_token(rig: Rig) -> None:
 async def test_health_follows_the_engine(rig: Rig) -> None:
     resp = await rig.client.get("/v1/health")
     assert (resp.status, (await resp.json())["healthy"]) == (200, True)
-    rig.engine.heartbeat -= 10_000
+    rig.engine.heartbeat_mono -= 10_000  # its age is read on the monotonic clock
     resp = await rig.client.get("/v1/health")
     assert resp.status == 503
     assert (await resp.json())["health"].startswith("the engine's heartbeat is ")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
-from cardshare.arbiter.resume import JobStep, plan_job_step, plan_resume
+from cardshare.arbiter.resume import JobStep, history_is_jobs, plan_job_step, plan_resume
 from cardshare.arbiter.states import Outcome, Phase
 from cardshare.arbiter.store import JobState
 from cardshare.docker_api import DockerError
@@ -102,12 +102,13 @@ async def test_killed_during_a_job_never_runs_it_twice(
     job = engine.submit_job(WORKFLOW, {"in.png": PNG})
     _persist(engine, TO_RUN)
     job = engine.store.start_attempt(job.id, "prompt-1", engine.clock.now())
-    if comfy_history == "done":
+    if comfy_history == "done":  # saved under the job's own subfolder, as its prompt says
+        image = {"filename": "s0_00001_.png", "subfolder": f"cardshare/{job.id}", "type": "output"}
         world.history["prompt-1"] = {
             "status": {"status_str": "success", "completed": True, "messages": []},
-            "outputs": {"2": {"images": [{"filename": "x.png", "type": "output"}]}},
+            "outputs": {"2": {"images": [image]}},
         }
-        world.files[("", "x.png")] = PNG
+        world.files[(f"cardshare/{job.id}", "s0_00001_.png")] = PNG
     elif comfy_history == "queued":
         world.prompts["prompt-1"] = await engine._prepare(job)
         world.queue.append("prompt-1")
@@ -177,3 +178,33 @@ async def test_resume_waits_for_docker(tmp_path: Path) -> None:
         "docker": "Docker Engine at /run/docker.sock did not answer GET /x: refused"
     }
     assert engine.state.phase is P.SERVE_LLM
+
+
+_OWN = {"9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "cardshare/j1/s0"}}}
+_OTHER = {"9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "cardshare/j2/s0"}}}
+
+
+def _saved(subfolder: str) -> dict[str, Any]:
+    return {"9": {"images": [{"filename": "s0_00001_.png", "subfolder": subfolder}]}}
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"prompt": [0, "p", _OWN, {}, ["9"]], "outputs": _saved("cardshare/j1")}, True),
+        # another job's prompt under the id: never taken, whatever its outputs say
+        ({"prompt": [0, "p", _OTHER, {}, ["9"]], "outputs": _saved("cardshare/j1")}, False),
+        # a look-alike subfolder is not the job's
+        ({"prompt": [0, "p", {"9": {"inputs": {"filename_prefix": "cardshare/j10/s0"}}}]}, False),
+        ({"prompt": [0, "p", "garbage"]}, False),
+        # no prompt kept: its images decide
+        ({"outputs": _saved("cardshare/j1")}, True),
+        ({"outputs": _saved("cardshare/j2")}, False),
+        ({"status": {"status_str": "error"}, "outputs": {}}, True),  # nothing says otherwise
+    ],
+    ids=["own", "other-prompt", "look-alike", "garbage", "own-images", "other-images", "error"],
+)
+def test_a_history_entry_is_the_jobs_only_when_its_prompt_writes_there(
+    entry: dict[str, Any], expected: bool
+) -> None:
+    assert history_is_jobs(entry, "cardshare/j1") is expected
