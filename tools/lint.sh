@@ -30,7 +30,7 @@ build_check() {
     | grep -vx 'tools/\|tools/build_zipapp\.py' || true)
   for path in README.md meta/runtime.yml playbooks/site.yml inventories/example/hosts.yml \
       pyproject.toml src/cardshare/cli.py tools/build_zipapp.py roles/arbiter/files/Dockerfile \
-      extras/prometheus/cardshare.rules.yml; do
+      extras/prometheus/cardshare.rules.yml extras/grafana/cardshare.json; do
     grep -qx "$path" <<<"$files" || missing+=("$path")
   done
   if [ -n "$unwanted" ]; then
