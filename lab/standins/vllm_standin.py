@@ -6,19 +6,33 @@ collection uses, refuses what vLLM refuses (with vLLM's messages), and then serv
 OpenAI-shaped API with canned text:
 
 * refusals (exit 1): ``--max-model-len`` above the model's window (``max_position_embeddings``
-  from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, scaled by a YaRN
-  ``rope_scaling`` from the config or ``--hf-overrides``); free memory of the simulated card
-  below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice`` without
-  ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
+  from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, with ``--hf-overrides`` merged
+  in; a YaRN ``rope_scaling`` counts as the generation's rules say, below); free memory of the
+  simulated card below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice``
+  without ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
+* start rules of two generations (``--vllm-rules``, else ``STANDIN_VLLM_RULES``, default
+  ``0.21``, the pinned llm-scaler image's): ``pre-56446`` (``0.21`` and before) derives the
+  window of a YaRN model as original x factor; ``post-56446`` (``0.32`` and after,
+  vllm-project/vllm PR #56446) as ``max_position_embeddings`` of the merged config.
+* the KV-cache start failure: when one request of ``--max-model-len`` needs more KV cache
+  (2 x layers x KV heads x head size x dtype bytes per token, from the config) than
+  ``STANDIN_KV_CACHE_BYTES``, the start fails after the load time with the real server's
+  recorded log (``vllm-logs/``, about 170 lines, the root cause in the middle, the API
+  server's traceback at the end), this start's figures put in, and exits 1.
+* engine death (``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``): ``/health`` answers 503
+  and requests 500 for ``STANDIN_ENGINE_DEATH_SECONDS`` (1), then the process exits, as the
+  real API server does once its engine core process died.
+* a client-aborted request is not counted in ``vllm:request_success_total``; a body whose
+  ``Content-Type`` is not ``application/json`` gets vLLM's 400.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
   connections are refused, as with the real server while it loads the model.
-* ``GET /health`` and ``GET|POST /ping`` (200 empty; 503 once the engine is "dead":
-  ``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``), ``GET /v1/models`` (with
-  ``max_model_len``), ``GET /version``, ``POST /v1/chat/completions`` and ``/v1/completions``
-  (``stream`` true/false, SSE chunks and ``data: [DONE]``, ``max_tokens``, tool-call shaped
-  replies), ``POST /tokenize`` and ``/detokenize`` (vLLM's shapes), ``GET /metrics``
-  (Prometheus text with vLLM's metric names and true counts).  Request bodies may come with
-  ``Content-Length`` or ``Transfer-Encoding: chunked``.
+* ``GET /health`` and ``GET|POST /ping`` (200 empty; 503 once the engine is "dead"),
+  ``GET /v1/models`` (with ``max_model_len``), ``GET /version``, ``POST
+  /v1/chat/completions`` and ``/v1/completions`` (``stream`` true/false, SSE chunks and
+  ``data: [DONE]``, ``max_tokens``, tool-call shaped replies), ``POST /tokenize`` and
+  ``/detokenize`` (vLLM's shapes), ``GET /metrics`` (Prometheus text with vLLM's metric names
+  and true counts).  Request bodies may come with ``Content-Length`` or ``Transfer-Encoding:
+  chunked``.
 * the stand-in's tokenizer: a token is a word with the whitespace before it (special tokens
   such as ``<|im_start|>`` alone, at Qwen2's ids); other ids are numbered as pieces are first
   seen, so ``/detokenize`` inverts ``/tokenize`` for the server's lifetime.  Chat prompts
@@ -31,13 +45,15 @@ Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
 ``STANDIN_NATIVE_CONTEXT`` (32768), ``STANDIN_MAX_RUNNING`` (``--max-num-seqs``),
 ``STANDIN_RELEASE_SECONDS`` (1), ``STANDIN_READ_WEIGHTS`` (unset; ``1``: read every
 ``*.safetensors`` of the model to its end after the load time, as the loader does),
-``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+``STANDIN_VLLM_RULES`` (``0.21``), ``STANDIN_KV_CACHE_BYTES`` (unset: no KV-cache check),
+``STANDIN_ENGINE_DEATH_SECONDS`` (1), ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
 
 Lab knob (fault injection, outside vLLM's interface): a file
 ``<CARDSHARE_SIM_ROOT>/lab/vllm-fail-next-starts`` holding a count N makes the next N starts
 fail as vLLM does when the card's memory is taken between a measure and the load (vLLM's
-own insufficient-memory message, with the card's free memory read as 0); each failing start
-takes one from the count and the file goes at 0.
+own insufficient-memory message, with the card's free memory read as 0); ``N kv-cache`` makes
+them fail with the KV-cache start failure instead (the cache available read as half of what one
+request needs).  Each failing start takes one from the count and the file goes at 0.
 """
 
 from __future__ import annotations
@@ -52,7 +68,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -173,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--disable-log-requests", action="store_true")
     parser.add_argument("--distributed-executor-backend", default=None)
     parser.add_argument("--api-key", default=None)
+    # the stand-in's own knob (not vLLM's): which generation's start rules apply
+    parser.add_argument("--vllm-rules", default=None)
     _bool_flag(parser, "--enable-prefix-caching")
     return parser
 
@@ -226,12 +244,61 @@ def load_model_config(
     return _deep_merge(config, hf_overrides or {})
 
 
-def derived_max_model_len(config: Mapping[str, Any]) -> float:
-    """The window vLLM derives from a model config (``_get_and_verify_max_len``)."""
+# The two generations of vLLM's start rules (``--vllm-rules`` / ``STANDIN_VLLM_RULES``).
+# vllm-project/vllm PR #56446 ("stop re-scaling max_model_len", September 2026) changed how
+# a YaRN ``rope_scaling`` counts in the derived window: before it, original x factor; since
+# it, ``max_position_embeddings`` of the merged config.  The llm-scaler 0.21 image is before
+# the change; upstream 0.32 (the conformance lane's real server) after it.
+RULES_PRE = "pre-56446"
+RULES_POST = "post-56446"
+DEFAULT_RULES = "0.21"  # the pinned llm-scaler image's generation
+_RULES_NAMES = {
+    RULES_PRE: RULES_PRE,
+    "0.21": RULES_PRE,
+    "old": RULES_PRE,
+    RULES_POST: RULES_POST,
+    "0.32": RULES_POST,
+    "new": RULES_POST,
+}
+# versions known to be on one side of the change; between them nobody has checked
+_LAST_PRE = (0, 21)
+_FIRST_POST = (0, 32)
+
+
+def parse_rules(value: str) -> str:
+    """``pre-56446`` or ``post-56446`` from a knob value: a name or a vLLM version."""
+    text = value.strip().lower()
+    if text in _RULES_NAMES:
+        return _RULES_NAMES[text]
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:[+.-].*)?", text)
+    if match is not None:
+        version = (int(match[1]), int(match[2]))
+        if version <= _LAST_PRE:
+            return RULES_PRE
+        if version >= _FIRST_POST:
+            return RULES_POST
+    raise StartupError(
+        f"--vllm-rules (or STANDIN_VLLM_RULES) is {value!r}: not a generation the stand-in "
+        f"knows. Use {RULES_PRE} (or 0.21 and before) or {RULES_POST} (or 0.32 and after); "
+        "versions between are not known to be on either side of vLLM PR #56446"
+    )
+
+
+def derived_max_model_len(config: Mapping[str, Any], rules: str = RULES_PRE) -> float:
+    """The window vLLM derives from a model config (``_get_and_verify_max_len``).
+
+    ``pre-56446``: a YaRN ``rope_scaling`` makes it ``original_max_position_embeddings`` x
+    ``factor``; other scalings (not ``su``, ``longrope``, ``llama3``) multiply
+    ``max_position_embeddings`` by ``factor``.  ``post-56446``: YaRN no longer re-scales, the
+    window is ``max_position_embeddings`` of the config merged with ``--hf-overrides``; the
+    other scalings are kept as before (not checked against a real server).
+    """
     derived = float(config["max_position_embeddings"])
     rope = config.get("rope_scaling")
     if isinstance(rope, Mapping):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "yarn" and rules == RULES_POST:
+            return derived
         if rope_type not in ("su", "longrope", "llama3"):
             factor = float(rope.get("factor", 1.0))
             if rope_type == "yarn":
@@ -240,9 +307,11 @@ def derived_max_model_len(config: Mapping[str, Any]) -> float:
     return derived
 
 
-def context_error(max_model_len: int | None, config: Mapping[str, Any]) -> str | None:
+def context_error(
+    max_model_len: int | None, config: Mapping[str, Any], rules: str = RULES_PRE
+) -> str | None:
     """vLLM's refusal of a ``--max-model-len`` above the derived window, or ``None``."""
-    derived = derived_max_model_len(config)
+    derived = derived_max_model_len(config, rules)
     if max_model_len is None or max_model_len <= derived:
         return None
     return (
@@ -293,6 +362,10 @@ class Settings:
     api_key: str | None = None
     argv: tuple[str, ...] = field(default=())
     read_weights: bool = False
+    rules: str = RULES_PRE
+    kv_bytes_per_token: int = 0
+    kv_cache_bytes: int | None = None
+    death_seconds: float = 1.0
 
 
 def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -312,11 +385,12 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise StartupError(
             f"GPU memory utilization must be less than 1.0. Got {args.gpu_memory_utilization}."
         )
+    rules = parse_rules(args.vllm_rules or env.get("STANDIN_VLLM_RULES") or DEFAULT_RULES)
     config = load_model_config(model, args.hf_overrides, env)
-    error = context_error(args.max_model_len, config)
+    error = context_error(args.max_model_len, config, rules)
     if error is not None and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("1", "true"):
         raise StartupError(error)
-    max_len = args.max_model_len or int(derived_max_model_len(config))
+    max_len = args.max_model_len or int(derived_max_model_len(config, rules))
     max_running = int(env.get("STANDIN_MAX_RUNNING", "0") or 0) or args.max_num_seqs
     return Settings(
         model=model,
@@ -335,6 +409,58 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         argv=tuple(argv),
         read_weights=env.get("STANDIN_READ_WEIGHTS", "") in ("1", "true"),
+        rules=rules,
+        kv_bytes_per_token=kv_bytes_per_token(config),
+        kv_cache_bytes=_optional_int(env, "STANDIN_KV_CACHE_BYTES"),
+        death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "1")),
+    )
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise StartupError(f"{name} is {value!r}: give a whole number of bytes") from None
+
+
+# Qwen2.5-7B's shape, when the model's config.json does not say (28 layers, 4 KV heads of 128)
+_DEFAULT_KV_BYTES_PER_TOKEN = 2 * 28 * 4 * 128 * 2
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}
+
+
+def kv_bytes_per_token(config: Mapping[str, Any]) -> int:
+    """Bytes of K and V cache one token takes (vLLM's full-attention page size per token):
+    2 x layers x KV heads x head size x the dtype's bytes, from the model's config."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads", heads))
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return _DEFAULT_KV_BYTES_PER_TOKEN
+    dtype = str(config.get("torch_dtype", config.get("dtype", "bfloat16")))
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+
+
+KV_BLOCK = 16  # vLLM's default block size: the estimate is a whole number of blocks
+
+
+def kv_cache_error(max_model_len: int, per_token: int, available: int) -> str | None:
+    """vLLM V1's refusal when one request of ``max_model_len`` does not fit the KV cache
+    (``check_enough_kv_cache_memory``), or ``None``."""
+    needed = max_model_len * per_token
+    if needed <= available:
+        return None
+    estimate = max(available, 0) // (per_token * KV_BLOCK) * KV_BLOCK
+    return (
+        f"To serve at least one request with the models's max seq len ({max_model_len}), "
+        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV "
+        f"cache memory ({max(available, 0) / GIB:.2f} GiB). Based on the available memory, the "
+        f"estimated maximum model length is {estimate}. Try increasing `gpu_memory_utilization` "
+        "or decreasing `max_model_len` when initializing the engine."
     )
 
 
@@ -451,10 +577,16 @@ class Engine:
         self.generation_tokens = 0
         self.tokens_in_flight = 0
         self.dead = False
+        self.on_death: Callable[[], None] | None = None
         self.vocabulary = Vocabulary()
 
     def kill(self) -> None:
-        self.dead = True
+        """The engine core process dies: the server answers 503 and 500, then exits."""
+        with self.lock:
+            first = not self.dead
+            self.dead = True
+        if first and self.on_death is not None:
+            self.on_death()
 
     def _set_busy(self) -> None:
         if self.card is not None:
@@ -474,8 +606,8 @@ class Engine:
         with self.lock:
             self.running -= 1
             self.tokens_in_flight -= prompt_tokens
-            self.success[reason] = self.success.get(reason, 0) + 1
-            if reason != "abort":
+            if reason != "abort":  # real vLLM counts no client-aborted request here
+                self.success[reason] = self.success.get(reason, 0) + 1
                 self.prompt_tokens += prompt_tokens
                 self.generation_tokens += generated
             self._set_busy()
@@ -523,6 +655,20 @@ class Engine:
 
 
 # --------------------------------------------------------------------------- HTTP
+
+
+# vLLM's answer to a body whose Content-Type is not application/json (its
+# validate_json_request raises a request validation error: 400, not 415)
+UNSUPPORTED_MEDIA_TYPE_BODY = json.dumps(
+    {
+        "error": {
+            "message": "Unsupported Media Type: Only 'application/json' is allowed",
+            "type": "Bad Request",
+            "param": None,
+            "code": 400,
+        }
+    }
+).encode()
 
 
 def _error(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -590,6 +736,10 @@ class VllmHandler(Handler):
             return
         if path.startswith("/v1/") and not self._authorised():
             self.send_json(401, {"error": "Unauthorized"})
+            return
+        media_type = self.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
+        if media_type != "application/json":
+            self.send_bytes(400, UNSUPPORTED_MEDIA_TYPE_BODY, "application/json")
             return
         try:
             request = json.loads(raw) if raw else {}
@@ -906,24 +1056,102 @@ def make_server(settings: Settings, card: SimClient | None, port: int | None = N
     return VllmServer((settings.host, settings.port if port is None else port), engine)
 
 
+# --------------------------------------------------------------------------- recorded logs
+
+
+LOGS = Path(__file__).resolve().parent / "vllm-logs"
+KV_CACHE_LOG = "kv-cache-start-failure.log"
+ROOT_CAUSE_KV = re.compile(
+    r"To serve at least one request with the models's max seq len .*?"
+    r"when initializing the engine\."
+)
+# (pattern, field): group 1 of each match is the recording's value of that field
+_LOG_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\(APIServer pid=(\d+)\)"), "api_pid"),
+    (re.compile(r"\(EngineCore_DP0 pid=(\d+)\)"), "core_pid"),
+    (re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)"), "time"),
+    (re.compile(r"Using max model len (\d+)"), "max_model_len"),
+    (re.compile(r"'max_model_len': (\d+)"), "max_model_len"),
+    (re.compile(r"max_seq_len=(\d+)"), "max_model_len"),
+    (re.compile(r"served_model_name=([^,\s]+)"), "served_name"),
+    (re.compile(r"'served_model_name': \['([^']+)'\]"), "served_name"),
+)
+_RECORDED_MODEL = re.compile(r"model='([^']+)'")
+
+
+def recorded_values(text: str) -> dict[str, str]:
+    """The values a recorded log carries in the fields the stand-in substitutes (the first
+    occurrence of each), its model path and its root cause."""
+    values: dict[str, str] = {}
+    for pattern, name in _LOG_FIELDS:
+        found = pattern.search(text)
+        if found is not None:
+            values.setdefault(name, found[1])
+    model = _RECORDED_MODEL.search(text)
+    if model is not None:
+        values["model"] = model[1]
+    cause = ROOT_CAUSE_KV.search(text)
+    if cause is not None:
+        values["root_cause"] = cause[0]
+    return values
+
+
+def render_recorded_log(text: str, values: Mapping[str, str]) -> str:
+    """A recorded real log with the stand-in's own values in the fields that carry them
+    (pids, times, the model, its length and name, the root cause); every other byte as
+    recorded."""
+    recorded = recorded_values(text)
+    out = text
+    if "model" in recorded and "model" in values:
+        out = out.replace(recorded["model"], values["model"])
+    if "root_cause" in values:
+        out = ROOT_CAUSE_KV.sub(lambda _m: values["root_cause"], out)
+
+    for pattern, name in _LOG_FIELDS:
+        if name not in values:
+            continue
+        value = values[name]
+
+        def put(match: re.Match[str], value: str = value) -> str:
+            whole = match[0]
+            start, end = match.start(1) - match.start(0), match.end(1) - match.start(0)
+            return whole[:start] + value + whole[end:]
+
+        out = pattern.sub(put, out)
+    return out
+
+
+def read_recorded_log(name: str) -> str:
+    """A recorded real log shipped with the stand-in (``vllm-logs/``)."""
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
 # --------------------------------------------------------------------------- main
 
 
 FAIL_KNOB = Path("lab") / "vllm-fail-next-starts"
 
 
-def take_forced_failure(root: Path) -> bool:
-    """Consume one forced start failure from the lab knob (see the module's text)."""
+FORCED_KINDS = ("free-memory", "kv-cache")
+
+
+def take_forced_failure(root: Path) -> str | None:
+    """Consume one forced start failure from the lab knob (see the module's text): its kind,
+    ``free-memory`` (a count alone) or ``kv-cache`` (``N kv-cache``), else ``None``."""
     knob = root / FAIL_KNOB
     try:
-        count = int(knob.read_text().strip() or "0")
+        words = knob.read_text().split()
+        count = int(words[0]) if words else 0
     except (OSError, ValueError):
-        return False
+        return None
+    kind = words[1] if len(words) > 1 else FORCED_KINDS[0]
+    if kind not in FORCED_KINDS:
+        return None
     if count <= 1:
         knob.unlink(missing_ok=True)
     else:
-        knob.write_text(f"{count - 1}\n")
-    return count >= 1
+        knob.write_text(" ".join([str(count - 1), *words[1:2]]) + "\n")
+    return kind if count >= 1 else None
 
 
 def _fail(lines: Sequence[str]) -> int:
@@ -952,11 +1180,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return _fail([f"TypeError: {message}"])
         return _fail([f"ValueError: {message}"])
     card = SimClient(comm=ENGINE_COMM, cmdline=["vllm", "serve", *args])
+    forced: str | None = None
     if card.card is None:
         print(f"SIMULATION: no simulated card under {card.root}; not registering", flush=True)
     else:
         free, total = card.free_vram()
-        if take_forced_failure(card.root):
+        forced = take_forced_failure(card.root)
+        if forced == "free-memory":
             free = 0  # the knob: memory taken between the arbiter's measure and this start
         error = memory_error(free, total, settings.utilization)
         if error is not None:
@@ -970,12 +1200,44 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         mib = 1024**2  # the driver reports whole pages; keep the figure readable
         card.register(vram=-(-math.ceil(total * settings.utilization) // mib) * mib)
     try:
-        return _serve(settings, card)
+        return _serve(settings, card, forced == "kv-cache")
     finally:
         card.close(settings.release_seconds)
 
 
-def _serve(settings: Settings, card: SimClient) -> int:
+def kv_start_error(settings: Settings, forced: bool) -> str | None:
+    """The KV-cache start failure's root cause, or ``None``: the cache one request of
+    ``max_model_len`` needs against ``STANDIN_KV_CACHE_BYTES`` (when set), or against half of
+    it when the lab knob forces the failure."""
+    per_token = settings.kv_bytes_per_token or _DEFAULT_KV_BYTES_PER_TOKEN
+    needed = settings.max_model_len * per_token
+    if forced:
+        return kv_cache_error(settings.max_model_len, per_token, needed // 2)
+    if settings.kv_cache_bytes is None:
+        return None
+    return kv_cache_error(settings.max_model_len, per_token, settings.kv_cache_bytes)
+
+
+def kv_failure_log(settings: Settings, root_cause: str) -> str:
+    """The recorded real KV-cache start failure with this start's values in it."""
+    pid = os.getpid()
+    values = {
+        "api_pid": str(pid),
+        "core_pid": str(pid + 1),  # SIMULATION: no engine-core process exists
+        "time": time.strftime("%m-%d %H:%M:%S"),
+        "model": settings.model,
+        "max_model_len": str(settings.max_model_len),
+        "served_name": settings.served_names[0],
+        "root_cause": root_cause,
+    }
+    return render_recorded_log(read_recorded_log(KV_CACHE_LOG), values)
+
+
+# as the real API server: it exits by itself once its engine core died
+ENGINE_DEATH_EXIT = 0
+
+
+def _serve(settings: Settings, card: SimClient, kv_forced: bool = False) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -993,13 +1255,29 @@ def _serve(settings: Settings, card: SimClient) -> int:
             f"SIMULATION: read {size} bytes of weights in {time.monotonic() - started:.2f}s",
             flush=True,
         )
+    root_cause = kv_start_error(settings, kv_forced)
+    if root_cause is not None:
+        sys.stderr.write(kv_failure_log(settings, root_cause))
+        sys.stderr.flush()
+        return 1
     server = make_server(settings, card if card.registered else None)
+    died = threading.Event()
+
+    def on_death() -> None:
+        # the API server answers 503/500 until it notices and shuts down, about a second
+        died.set()
+        threading.Timer(settings.death_seconds, stop.set).start()
+
+    server.engine.on_death = on_death
     signal.signal(signal.SIGUSR1, lambda _s, _f: server.engine.kill())
     serve_in_thread(server)
     print(f"INFO: Started server process; listening on {settings.host}:{settings.port}", flush=True)
     stop.wait()
     server.shutdown()
     server.server_close()
+    if died.is_set():
+        print("SIMULATION: the engine core died; the API server exits", flush=True)
+        return ENGINE_DEATH_EXIT
     return 0
 
 

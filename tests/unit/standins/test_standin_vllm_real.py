@@ -1,0 +1,401 @@
+"""vllm_standin.py as a real process, held to what the real vLLM does (issue 28).
+
+Each test starts the stand-in (``python3 lab/standins/vllm_standin.py serve ...``) on a free
+port and checks one behaviour recorded from a real vLLM: the start rules of both generations
+(before and after vllm-project/vllm PR #56446), the KV-cache start failure's log in its real
+length with the root cause in the middle, abort accounting, engine death ending the server,
+and the 400 for a JSON body sent as ``text/plain``.  The recorded answers and logs are in
+``tests/fixtures/vllm/`` (see its README for where they came from).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm_standin as vs
+from standin_testlib import request, wait_for
+
+from cardshare.errors import ErrorKind, classify_tail
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "lab" / "standins" / "vllm_standin.py"
+FIXTURES = ROOT / "tests" / "fixtures" / "vllm"
+YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}
+YARN_15 = {"rope_type": "yarn", "factor": 1.5, "original_max_position_embeddings": 32768}
+ROOT_CAUSE = "larger than the available KV cache memory"
+LAST_LINE = "RuntimeError: Engine core initialization failed. See root cause above."
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def model_dir(tmp_path: Path, **config: Any) -> Path:
+    """A model directory whose config.json is a Qwen2.5-7B-shaped one (32k native)."""
+    path = tmp_path / "model"
+    path.mkdir(exist_ok=True)
+    base = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "max_position_embeddings": 32768,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+        "torch_dtype": "bfloat16",
+    }
+    (path / "config.json").write_text(json.dumps({**base, **config}))
+    return path
+
+
+class Vllm:
+    """One stand-in process; stdout and stderr go to one file the test reads."""
+
+    def __init__(self, tmp_path: Path, *argv: str, **env: str) -> None:
+        self.port = free_port()
+        self.log = tmp_path / f"vllm-{self.port}.log"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
+        environ.update(
+            {
+                "CARDSHARE_SIM_ROOT": str(tmp_path / "no-card"),
+                "STANDIN_LOAD_SECONDS": "0",
+                "STANDIN_RELEASE_SECONDS": "0",
+                "STANDIN_TOKEN_SECONDS": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                **env,
+            }
+        )
+        command = [sys.executable, str(SCRIPT), "serve", *argv]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ)
+
+    def up(self) -> Vllm:
+        def answers() -> bool:
+            assert self.proc.poll() is None, self.output()
+            try:
+                return request(self.port, "GET", "/health")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, "the stand-in's port")
+        return self
+
+    def exit_code(self, limit: float = 20.0) -> int:
+        return self.proc.wait(timeout=limit)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def vllm_lines(self) -> list[str]:
+        """The output without the stand-in's own ``SIMULATION:`` lines."""
+        return [line for line in self.output().splitlines() if not line.startswith("SIMULATION:")]
+
+    def models(self) -> list[tuple[str, int]]:
+        data = json.loads(request(self.port, "GET", "/v1/models")[2])["data"]
+        return [(m["id"], m["max_model_len"]) for m in data]
+
+    def metrics(self) -> str:
+        return request(self.port, "GET", "/metrics")[2].decode()
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Vllm]]:
+    started: list[Vllm] = []
+
+    def run(*argv: str, **env: str) -> Vllm:
+        server = Vllm(tmp_path, *argv, **env)
+        started.append(server)
+        return server
+
+    yield run
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(timeout=10)
+
+
+def too_long(requested: int, derived: str) -> str:
+    return (
+        f"User-specified max_model_len ({requested}) is greater than the derived max_model_len "
+        f"(max_position_embeddings={derived} or model_max_length=None in model's config.json)."
+    )
+
+
+# -- start rules of both generations ----------------------------------------------------------
+
+
+def overrides(rope: dict[str, Any], max_len: int | None = None) -> str:
+    doc: dict[str, Any] = {"rope_scaling": rope}
+    if max_len is not None:
+        doc["max_position_embeddings"] = max_len
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("rules", "length", "hf", "refused"),
+    [
+        # pre-56446 (the pinned llm-scaler 0.21): original x factor
+        ("0.21", 65536, overrides(YARN), None),
+        ("pre-56446", 49152, overrides(YARN_15), None),
+        ("0.21", 65536, overrides(YARN, 65536), None),
+        ("0.21", 131072, overrides(YARN), "65536.0"),
+        # post-56446 (upstream 0.32): max_position_embeddings of the merged config
+        ("0.32", 65536, overrides(YARN), "32768.0"),
+        ("post-56446", 49152, overrides(YARN_15), "32768.0"),
+        ("0.32", 65536, overrides(YARN, 65536), None),
+        ("0.32.0", 49152, overrides(YARN_15, 49152), None),
+        ("0.32", 32768, None, None),
+    ],
+)
+def test_start_rules_of_both_generations(
+    tmp_path: Path, start: Callable[..., Vllm], rules: str, length: int, hf: str | None,
+    refused: str | None,
+) -> None:  # fmt: skip
+    argv = [str(model_dir(tmp_path)), "--served-model-name", "qwen", "--max-model-len", str(length)]
+    if hf is not None:
+        argv += ["--hf-overrides", hf]
+    server = start(*argv, "--vllm-rules", rules)
+    if refused is None:
+        assert server.up().models() == [("qwen", length)]
+        return
+    assert server.exit_code() == 1
+    assert too_long(length, refused) in server.output()
+
+
+def test_the_rules_knob_from_the_environment(tmp_path: Path, start: Callable[..., Vllm]) -> None:
+    argv = [str(model_dir(tmp_path)), "--max-model-len", "65536", "--hf-overrides", overrides(YARN)]
+    assert start(*argv, STANDIN_VLLM_RULES="0.32").exit_code() == 1
+    # the flag wins over the environment
+    assert start(*argv, "--vllm-rules", "0.21", STANDIN_VLLM_RULES="0.32").up().models()
+
+
+def test_the_default_rules_are_the_pinned_images(tmp_path: Path) -> None:
+    argv = ["serve", str(model_dir(tmp_path)), "--max-model-len", "65536"]
+    settings = vs.prepare([*argv, "--hf-overrides", overrides(YARN)], {})
+    assert (settings.rules, settings.max_model_len) == (vs.RULES_PRE, 65536)
+
+
+@pytest.mark.parametrize(
+    ("value", "rules"),
+    [
+        ("0.21", "pre-56446"),
+        ("0.21.0-b2", "pre-56446"),
+        ("0.14", "pre-56446"),
+        ("pre-56446", "pre-56446"),
+        ("0.32", "post-56446"),
+        ("v0.33.1", "post-56446"),
+        ("1.0", "post-56446"),
+        ("POST-56446", "post-56446"),
+    ],
+)
+def test_rules_names_and_versions(value: str, rules: str) -> None:
+    assert vs.parse_rules(value) == rules
+
+
+@pytest.mark.parametrize("value", ["0.25", "latest", ""])
+def test_an_unknown_generation_is_refused_naming_the_knob(value: str) -> None:
+    with pytest.raises(vs.StartupError) as caught:
+        vs.parse_rules(value)
+    assert str(caught.value).startswith(f"--vllm-rules (or STANDIN_VLLM_RULES) is {value!r}:")
+    assert "pre-56446" in str(caught.value) and "post-56446" in str(caught.value)
+
+
+# -- the KV-cache start failure: the real log in its real length -------------------------------
+
+
+def kv_failure_lines(tmp_path: Path, start: Callable[..., Vllm], **env: str) -> list[str]:
+    server = start(
+        str(model_dir(tmp_path, max_position_embeddings=65536)), "--served-model-name", "qwen",
+        "--max-model-len", "65536",
+        STANDIN_KV_CACHE_BYTES=str(1024**3), **env,
+    )  # fmt: skip
+    assert server.exit_code() == 1
+    return server.vllm_lines()
+
+
+def root_cause_at(lines: list[str]) -> list[int]:
+    return [n for n, line in enumerate(lines, 1) if ROOT_CAUSE in line]
+
+
+def recorded_kv_log() -> list[str]:
+    """The recorded real log: the fixture when the conformance lane recorded it, else the
+    copy the stand-in ships (its README says which it is)."""
+    fixture = FIXTURES / vs.KV_CACHE_LOG
+    path = fixture if fixture.exists() else vs.LOGS / vs.KV_CACHE_LOG
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_a_kv_cache_start_failure_prints_the_real_log_in_its_real_length(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    lines = kv_failure_lines(tmp_path, start)
+    recorded = recorded_kv_log()
+    assert len(lines) == len(recorded)
+    assert 150 <= len(lines) <= 200  # about 170 lines (facts.md)
+    assert root_cause_at(lines) == root_cause_at(recorded)
+    positions = root_cause_at(lines)
+    assert positions and all(50 < n < len(lines) - 50 for n in positions), positions
+    assert lines[-1].endswith(LAST_LINE + " Failed core proc(s): {}")
+    # the stand-in's figures: 65536 tokens x 57344 bytes = 3.50 GiB against 1 GiB
+    cause = lines[positions[0] - 1]
+    assert (
+        "To serve at least one request with the models's max seq len (65536), (3.50 GiB KV cache "
+        "is needed, which is larger than the available KV cache memory (1.00 GiB). Based on the "
+        "available memory, the estimated maximum model length is 18720." in cause
+    )
+
+
+def test_the_root_cause_is_not_in_the_last_50_lines_but_the_whole_log_is_memory(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    """What the arbiter reads decides: the last 50 lines (``logs_tail(lines=50)``, what the
+    current arbiter reads) are the API server's traceback alone; the whole failed start's log
+    is classified as a lack of memory."""
+    lines = kv_failure_lines(tmp_path, start)
+    assert ROOT_CAUSE not in "\n".join(lines[-50:])
+    assert classify_tail("\n".join(lines[-50:])).kind is ErrorKind.OTHER
+    verdict = classify_tail("\n".join(lines))
+    assert (verdict.kind, verdict.pattern) == (
+        ErrorKind.INSUFFICIENT_VRAM,
+        "vllm_kv_cache_too_small",
+    )
+
+
+def normalised(lines: list[str]) -> list[str]:
+    """Times and pids out: the bytes that differ between any two runs of the real server."""
+    values = {"time": "<time>", "api_pid": "<pid>", "core_pid": "<pid>"}
+    return vs.render_recorded_log("\n".join(lines), values).splitlines()
+
+
+def test_the_log_is_the_recording_with_this_starts_values(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    recorded = recorded_kv_log()
+    values = vs.recorded_values("\n".join(recorded))
+    lines = kv_failure_lines(tmp_path, start)
+    mine = vs.recorded_values("\n".join(lines))
+    assert mine["model"] == str(tmp_path / "model")
+    assert (mine["max_model_len"], mine["served_name"]) == ("65536", "qwen")
+    # put the recording's values back: every other byte is the recording's
+    back = {k: values[k] for k in ("model", "max_model_len", "served_name", "root_cause")}
+    again = vs.render_recorded_log("\n".join(lines), back).splitlines()
+    assert normalised(again) == normalised(recorded)
+
+
+def test_the_lab_knob_forces_a_kv_cache_failure(tmp_path: Path, start: Callable[..., Vllm]) -> None:
+    root = tmp_path / "sim"
+    from conftest import make_card
+
+    make_card(root)
+    knob = root / vs.FAIL_KNOB
+    knob.parent.mkdir(parents=True)
+    knob.write_text("1 kv-cache\n")
+    server = start(str(model_dir(tmp_path, max_position_embeddings=65536)), "--max-model-len",
+                   "65536", CARDSHARE_SIM_ROOT=str(root))  # fmt: skip
+    assert server.exit_code() == 1
+    lines = server.vllm_lines()
+    assert len(lines) == len(recorded_kv_log())
+    assert "(1.75 GiB)" in lines[root_cause_at(lines)[0] - 1]  # half of what one request needs
+    assert not knob.exists()
+    assert list((root / "proc").iterdir()) == []  # its memory went with it
+
+
+# -- abort accounting --------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} {labels} missing")
+
+
+def test_a_client_aborted_request_is_not_counted_as_a_success(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    server = start(str(model_dir(tmp_path)), STANDIN_TOKEN_SECONDS="0.2").up()
+    body = json.dumps({"prompt": "x", "max_tokens": 10, "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    response.read1(64)  # the stream began
+    conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+    conn.close()
+    wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 0.0, "the abort")
+    text = server.metrics()
+    for reason in ("stop", "length", "abort"):
+        assert metric(text, "vllm:request_success_total", finished_reason=reason) == 0.0
+    ok = request(server.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    assert ok[0] == 200
+    assert metric(server.metrics(), "vllm:request_success_total", finished_reason="length") == 1.0
+
+
+# -- engine death ends the server --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["http", "signal"])
+def test_engine_death_answers_503_and_500_then_the_server_exits(
+    tmp_path: Path, start: Callable[..., Vllm], how: str
+) -> None:
+    server = start(str(model_dir(tmp_path)), STANDIN_ENGINE_DEATH_SECONDS="1").up()
+    began = time.monotonic()
+    if how == "http":
+        assert request(server.port, "POST", "/cardshare-sim/kill-engine")[0] == 200
+    else:
+        server.proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: request(server.port, "GET", "/health")[0] == 503, "the engine's death")
+    assert request(server.port, "GET", "/health")[0::2] == (503, b"")
+    status, _, body = request(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}]},
+    )
+    assert status == 500
+    assert json.loads(body)["error"]["message"].startswith("EngineCore encountered an issue")
+    assert server.exit_code() == vs.ENGINE_DEATH_EXIT
+    assert time.monotonic() - began >= 1.0  # it answered for about a second first
+    with pytest.raises(OSError):
+        request(server.port, "GET", "/health")
+
+
+# -- a JSON body sent as text/plain ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain", 400),
+        (None, 400),
+        ("application/x-www-form-urlencoded", 400),
+        ("application/json", 200),
+        ("Application/JSON; charset=utf-8", 200),
+    ],
+)
+def test_a_body_that_is_not_application_json_gets_400(
+    tmp_path: Path, start: Callable[..., Vllm], content_type: str | None, status: int
+) -> None:
+    server = start(str(model_dir(tmp_path))).up()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    raw = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    got, answer_headers, body = request(server.port, "POST", "/v1/completions", raw=raw,
+                                        headers=headers)  # fmt: skip
+    assert got == status, body
+    if status == 400:
+        assert answer_headers["content-type"] == "application/json"
+        assert body == vs.UNSUPPORTED_MEDIA_TYPE_BODY
+        assert "Unsupported Media Type: Only 'application/json' is allowed" in body.decode()
