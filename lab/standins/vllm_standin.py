@@ -562,6 +562,10 @@ class Vocabulary:
 # --------------------------------------------------------------------------- engine
 
 
+# the series of vllm:request_success_total the real server exports from its start (0.32)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
 class Engine:
     """Request accounting behind ``/metrics`` (true counts) and the card's busy engines."""
 
@@ -572,7 +576,7 @@ class Engine:
         self.slots = threading.Semaphore(settings.max_running)
         self.running = 0
         self.waiting = 0
-        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.success: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.tokens_in_flight = 0
@@ -646,7 +650,7 @@ class Engine:
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
         ]
-        for reason in ("stop", "length", "abort"):
+        for reason in FINISHED_REASONS:
             out.append(
                 f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
                 f'model_name="{name}"}} {float(success.get(reason, 0))}'

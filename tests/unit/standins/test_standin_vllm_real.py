@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -399,3 +400,40 @@ def test_a_body_that_is_not_application_json_gets_400(
         assert answer_headers["content-type"] == "application/json"
         assert body == vs.UNSUPPORTED_MEDIA_TYPE_BODY
         assert "Unsupported Media Type: Only 'application/json' is allowed" in body.decode()
+
+
+# -- /metrics against the real server's ---------------------------------------------------------
+
+SERIES = re.compile(r"^(vllm:[a-z_]+)\{([^}]*)\} (\S+)$")
+
+
+def series(text: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """``vllm:`` samples by name: each one's labels, ``model_name`` left out."""
+    out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for line in text.splitlines():
+        found = SERIES.match(line)
+        if found is None:
+            continue
+        labels = tuple(
+            sorted(
+                (k, v) for k, v in re.findall(r'([a-z_]+)="([^"]*)"', found[2]) if k != "model_name"
+            )
+        )
+        out.setdefault(found[1], set()).add(labels)
+    return out
+
+
+def test_idle_metrics_are_the_real_servers(tmp_path: Path, start: Callable[..., Vllm]) -> None:
+    """Every ``vllm:`` family the stand-in exports has the real server's HELP and TYPE lines
+    and series; those the arbiter reads have exactly the real server's series."""
+    recorded = (FIXTURES / "metrics-idle.txt").read_text(encoding="utf-8")
+    text = start(str(model_dir(tmp_path))).up().metrics()
+    comments = [line for line in text.splitlines() if line.startswith(("# HELP vllm:", "# TYPE"))]
+    assert comments and set(comments) <= set(recorded.splitlines())
+    mine, real = series(text), series(recorded)
+    for name, labels in mine.items():
+        assert labels <= real.get(name, set()), name
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert mine[name] == real[name]
+    assert mine["vllm:request_success_total"] == real["vllm:request_success_total"]
+    assert {v for line in text.splitlines() if (m := SERIES.match(line)) for v in [m[3]]} == {"0.0"}
