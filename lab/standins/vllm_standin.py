@@ -19,9 +19,10 @@ OpenAI-shaped API with canned text:
   ``STANDIN_KV_CACHE_BYTES``, the start fails after the load time with the real server's
   recorded log (``vllm-logs/``, about 170 lines, the root cause in the middle, the API
   server's traceback at the end), this start's figures put in, and exits 1.
-* engine death (``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``): ``/health`` answers 503
-  and requests 500 for ``STANDIN_ENGINE_DEATH_SECONDS`` (1), then the process exits, as the
-  real API server does once its engine core process died.
+* engine death (``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``): requests in flight and new
+  ones get the real 500 body, ``/health`` 503, for ``STANDIN_ENGINE_DEATH_SECONDS`` (0.2); then
+  the port refuses connections and the process exits ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8)
+  after the death, printing the real server's log of that, as the recorded real API server.
 * a client-aborted request is not counted in ``vllm:request_success_total``; a body whose
   ``Content-Type`` is not ``application/json`` gets vLLM's 400.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
@@ -46,7 +47,8 @@ Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
 ``STANDIN_RELEASE_SECONDS`` (1), ``STANDIN_READ_WEIGHTS`` (unset; ``1``: read every
 ``*.safetensors`` of the model to its end after the load time, as the loader does),
 ``STANDIN_VLLM_RULES`` (``0.21``), ``STANDIN_KV_CACHE_BYTES`` (unset: no KV-cache check),
-``STANDIN_ENGINE_DEATH_SECONDS`` (1), ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+``STANDIN_ENGINE_DEATH_SECONDS`` (0.2), ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8),
+``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
 
 Lab knob (fault injection, outside vLLM's interface): a file
 ``<CARDSHARE_SIM_ROOT>/lab/vllm-fail-next-starts`` holding a count N makes the next N starts
@@ -365,7 +367,8 @@ class Settings:
     rules: str = RULES_PRE
     kv_bytes_per_token: int = 0
     kv_cache_bytes: int | None = None
-    death_seconds: float = 1.0
+    death_seconds: float = 0.2
+    exit_seconds: float = 1.8
 
 
 def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -412,7 +415,8 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         rules=rules,
         kv_bytes_per_token=kv_bytes_per_token(config),
         kv_cache_bytes=_optional_int(env, "STANDIN_KV_CACHE_BYTES"),
-        death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "1")),
+        death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "0.2")),
+        exit_seconds=float(env.get("STANDIN_ENGINE_EXIT_SECONDS", "1.8")),
     )
 
 
@@ -662,17 +666,21 @@ class Engine:
 
 
 # vLLM's answer to a body whose Content-Type is not application/json (its
-# validate_json_request raises a request validation error: 400, not 415)
-UNSUPPORTED_MEDIA_TYPE_BODY = json.dumps(
-    {
-        "error": {
-            "message": "Unsupported Media Type: Only 'application/json' is allowed",
-            "type": "Bad Request",
-            "param": None,
-            "code": 400,
-        }
-    }
-).encode()
+# validate_json_request raises a request validation error: 400, not 415), byte for byte as
+# the real 0.32 server sent it (tests/fixtures/vllm/completions-text-plain-400.json)
+UNSUPPORTED_MEDIA_TYPE_BODY = (
+    b'{"error":{"message":"1 validation error:\\n  Unsupported Media Type: Only '
+    b'\'application/json\' is allowed","type":"Bad Request","param":null,"code":400}}'
+)
+# a request while (or after) the engine core died (tests/fixtures/vllm/engine-killed-answers.json)
+ENGINE_DEAD_BODY = (
+    b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the '
+    b'root cause.","type":"InternalServerError","param":null,"code":500}}'
+)
+
+
+class EngineDead(Exception):
+    """The engine core died while a request ran."""
 
 
 def _error(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -757,7 +765,7 @@ class VllmHandler(Handler):
             self._tokenization(request, path == "/tokenize")
             return
         if self.engine.dead:
-            self.send_json(500, _error("EngineCore encountered an issue.", "EngineDeadError", 500))
+            self.send_bytes(500, ENGINE_DEAD_BODY, "application/json")
             return
         if not self._model_ok(request):
             return
@@ -839,6 +847,22 @@ class VllmHandler(Handler):
                 "root": settings.model,
                 "parent": None,
                 "max_model_len": settings.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
             }
             for name in settings.served_names
         ]
@@ -928,6 +952,12 @@ class VllmHandler(Handler):
             reason = "stop" if plan.finish in ("stop", "tool_calls") else plan.finish
         except (BrokenPipeError, ConnectionResetError):
             reason = "abort"
+        except EngineDead:
+            reason = "abort"  # never counted: the server ends with its engine
+            if not request.get("stream"):
+                self.send_bytes(500, ENGINE_DEAD_BODY, "application/json")
+            else:
+                self.close_connection = True
         finally:
             engine.finish(reason, plan.prompt_tokens, generated)
 
@@ -936,6 +966,8 @@ class VllmHandler(Handler):
         for token in plan.tokens:
             if delay > 0:
                 time.sleep(delay)
+            if self.engine.dead:
+                raise EngineDead
             yield token
 
     def _usage(self, plan: Plan) -> dict[str, int]:
@@ -1065,14 +1097,15 @@ def make_server(settings: Settings, card: SimClient | None, port: int | None = N
 
 LOGS = Path(__file__).resolve().parent / "vllm-logs"
 KV_CACHE_LOG = "kv-cache-start-failure.log"
+ENGINE_KILLED_LOG = "engine-killed.log"
 ROOT_CAUSE_KV = re.compile(
     r"To serve at least one request with the models's max seq len .*?"
     r"when initializing the engine\."
 )
+# a process tag as vLLM prints it: "(APIServer pid=31217) ", "(EngineCore_DP0 pid=2544) "
+PROCESS_TAG = re.compile(r"\(([A-Za-z_][\w-]*) pid=(\d+)\)")
 # (pattern, field): group 1 of each match is the recording's value of that field
 _LOG_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\(APIServer pid=(\d+)\)"), "api_pid"),
-    (re.compile(r"\(EngineCore_DP0 pid=(\d+)\)"), "core_pid"),
     (re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)"), "time"),
     (re.compile(r"Using max model len (\d+)"), "max_model_len"),
     (re.compile(r"'max_model_len': (\d+)"), "max_model_len"),
@@ -1081,35 +1114,49 @@ _LOG_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"'served_model_name': \['([^']+)'\]"), "served_name"),
 )
 _RECORDED_MODEL = re.compile(r"model='([^']+)'")
+# where the real server's Python files were (the recording machine's virtualenv)
+_SITE_PACKAGES = re.compile(r'File "([^"]*?)/(?:site-packages|dist-packages)/')
+# uvicorn's lines naming the API server's pid: "Started server process [31217]"
+_SERVER_PROCESS = re.compile(r"((?:Started|Finished) server process )\[\d+\]")
+# uvicorn's access log: the stand-in logs no requests
+_ACCESS_LINE = re.compile(r'^INFO: +\S+:\d+ - "')
 
 
 def recorded_values(text: str) -> dict[str, str]:
     """The values a recorded log carries in the fields the stand-in substitutes (the first
-    occurrence of each), its model path and its root cause."""
+    occurrence of each), its model path, its Python prefix and its root cause."""
     values: dict[str, str] = {}
     for pattern, name in _LOG_FIELDS:
         found = pattern.search(text)
         if found is not None:
             values.setdefault(name, found[1])
-    model = _RECORDED_MODEL.search(text)
-    if model is not None:
-        values["model"] = model[1]
+    for pattern, name in ((_RECORDED_MODEL, "model"), (_SITE_PACKAGES, "python_prefix")):
+        found = pattern.search(text)
+        if found is not None:
+            values[name] = found[1]
     cause = ROOT_CAUSE_KV.search(text)
     if cause is not None:
         values["root_cause"] = cause[0]
     return values
 
 
-def render_recorded_log(text: str, values: Mapping[str, str]) -> str:
+def render_recorded_log(text: str, values: Mapping[str, str], pids: Sequence[int] = ()) -> str:
     """A recorded real log with the stand-in's own values in the fields that carry them
-    (pids, times, the model, its length and name, the root cause); every other byte as
-    recorded."""
+    (times, the model, its length and name, the root cause, the Python prefix; the processes'
+    pids, in order of their first appearance, from ``pids``); every other byte as recorded."""
     recorded = recorded_values(text)
     out = text
-    if "model" in recorded and "model" in values:
-        out = out.replace(recorded["model"], values["model"])
+    for name in ("model", "python_prefix"):
+        if name in recorded and name in values:
+            out = out.replace(recorded[name], values[name])
     if "root_cause" in values:
         out = ROOT_CAUSE_KV.sub(lambda _m: values["root_cause"], out)
+    if pids:
+        order: dict[str, str] = {}
+        for tag in PROCESS_TAG.finditer(text):
+            order.setdefault(tag[2], str(pids[min(len(order), len(pids) - 1)]))
+        out = PROCESS_TAG.sub(lambda m: f"({m[1]} pid={order.get(m[2], m[2])})", out)
+        out = _SERVER_PROCESS.sub(lambda m: f"{m[1]}[{pids[0]}]", out)
 
     for pattern, name in _LOG_FIELDS:
         if name not in values:
@@ -1128,6 +1175,24 @@ def render_recorded_log(text: str, values: Mapping[str, str]) -> str:
 def read_recorded_log(name: str) -> str:
     """A recorded real log shipped with the stand-in (``vllm-logs/``)."""
     return (LOGS / name).read_text(encoding="utf-8")
+
+
+def engine_death_log(recorded: str) -> tuple[list[str], list[str]]:
+    """What the real API server printed after its engine core was killed: the lines up to its
+    uvicorn shutdown, then the rest (its access-log lines left out)."""
+    lines = recorded.splitlines(keepends=True)
+    marks = ("[shutdown]", "exited unexpectedly")
+    first = next((i for i, line in enumerate(lines) if any(m in line for m in marks)), len(lines))
+    # the worker's own line about its parent comes just before, from the same death
+    while first > 0 and "terminating worker" in lines[first - 1]:
+        first -= 1
+    after = [line for line in lines[first:] if not _ACCESS_LINE.match(line)]
+    cut = next((i for i, line in enumerate(after) if line.startswith("INFO:     Shutting down")), 0)
+    return after[:cut], after[cut:]
+
+
+# the Python prefix the stand-in's copies of the logs print (an image's, not the recorder's)
+PYTHON_PREFIX = "/usr/local/lib/python3.12"
 
 
 # --------------------------------------------------------------------------- main
@@ -1222,22 +1287,31 @@ def kv_start_error(settings: Settings, forced: bool) -> str | None:
     return kv_cache_error(settings.max_model_len, per_token, settings.kv_cache_bytes)
 
 
-def kv_failure_log(settings: Settings, root_cause: str) -> str:
-    """The recorded real KV-cache start failure with this start's values in it."""
-    pid = os.getpid()
-    values = {
-        "api_pid": str(pid),
-        "core_pid": str(pid + 1),  # SIMULATION: no engine-core process exists
+def _log_values(settings: Settings) -> dict[str, str]:
+    return {
         "time": time.strftime("%m-%d %H:%M:%S"),
         "model": settings.model,
         "max_model_len": str(settings.max_model_len),
         "served_name": settings.served_names[0],
-        "root_cause": root_cause,
+        "python_prefix": PYTHON_PREFIX,
     }
-    return render_recorded_log(read_recorded_log(KV_CACHE_LOG), values)
 
 
-# as the real API server: it exits by itself once its engine core died
+def _pids() -> list[int]:
+    """The API server's pid, then made-up ones for the engine core and its worker
+    (SIMULATION: no such processes exist)."""
+    pid = os.getpid()
+    return [pid, pid + 1, pid + 2]
+
+
+def kv_failure_log(settings: Settings, root_cause: str) -> str:
+    """The recorded real KV-cache start failure with this start's values in it."""
+    values = {**_log_values(settings), "root_cause": root_cause}
+    return render_recorded_log(read_recorded_log(KV_CACHE_LOG), values, _pids())
+
+
+# as the real API server: it exits by itself once its engine core died (the recording's
+# "Finished server process"; the exit status was not recorded)
 ENGINE_DEATH_EXIT = 0
 
 
@@ -1266,11 +1340,27 @@ def _serve(settings: Settings, card: SimClient, kv_forced: bool = False) -> int:
         return 1
     server = make_server(settings, card if card.registered else None)
     died = threading.Event()
+    recorded = read_recorded_log(ENGINE_KILLED_LOG)
+
+    def print_recorded(lines: list[str]) -> None:
+        text = render_recorded_log("".join(lines), _log_values(settings), _pids())
+        sys.stderr.write(text if text.endswith("\n") or not text else text + "\n")
+        sys.stderr.flush()
+
+    def close_port(rest: list[str]) -> None:
+        print_recorded(rest)
+        server.shutdown()
+        server.server_close()  # from now on the port refuses connections
 
     def on_death() -> None:
-        # the API server answers 503/500 until it notices and shuts down, about a second
+        # as the real server: requests in flight and new ones get 500 (/health 503) until
+        # uvicorn shuts down (about 0.2 s), the port then refuses connections, and the
+        # process exits about 1.8 s after the death
         died.set()
-        threading.Timer(settings.death_seconds, stop.set).start()
+        before, rest = engine_death_log(recorded)
+        print_recorded(before)
+        threading.Timer(settings.death_seconds, close_port, args=(rest,)).start()
+        threading.Timer(settings.exit_seconds, stop.set).start()
 
     server.engine.on_death = on_death
     signal.signal(signal.SIGUSR1, lambda _s, _f: server.engine.kill())

@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -277,8 +277,8 @@ def test_the_root_cause_is_not_in_the_last_50_lines_but_the_whole_log_is_memory(
 
 def normalised(lines: list[str]) -> list[str]:
     """Times and pids out: the bytes that differ between any two runs of the real server."""
-    values = {"time": "<time>", "api_pid": "<pid>", "core_pid": "<pid>"}
-    return vs.render_recorded_log("\n".join(lines), values).splitlines()
+    text = vs.render_recorded_log("\n".join(lines), {"time": "<time>"})
+    return vs.PROCESS_TAG.sub(lambda m: f"({m[1]} pid=<pid>)", text).splitlines()
 
 
 def test_the_log_is_the_recording_with_this_starts_values(
@@ -291,7 +291,8 @@ def test_the_log_is_the_recording_with_this_starts_values(
     assert mine["model"] == str(tmp_path / "model")
     assert (mine["max_model_len"], mine["served_name"]) == ("65536", "qwen")
     # put the recording's values back: every other byte is the recording's
-    back = {k: values[k] for k in ("model", "max_model_len", "served_name", "root_cause")}
+    names = ("model", "max_model_len", "served_name", "root_cause", "python_prefix")
+    back = {k: values[k] for k in names}
     again = vs.render_recorded_log("\n".join(lines), back).splitlines()
     assert normalised(again) == normalised(recorded)
 
@@ -324,6 +325,23 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"metric {name} {labels} missing")
 
 
+def success_series(text: str) -> dict[str, float]:
+    return {
+        reason: metric(text, "vllm:request_success_total", finished_reason=reason)
+        for reason in vs.FINISHED_REASONS
+    }
+
+
+def test_the_recording_counts_no_aborted_request() -> None:
+    """The real server streaming one request, then after its client hung up: the request is
+    gone from the running gauge and no finished_reason series moved."""
+    busy = (FIXTURES / "metrics-busy-streaming.txt").read_text()
+    after = (FIXTURES / "metrics-after-abort.txt").read_text()
+    assert metric(busy, "vllm:num_requests_running") == 1.0
+    assert metric(after, "vllm:num_requests_running") == 0.0
+    assert success_series(after) == success_series(busy)
+
+
 def test_a_client_aborted_request_is_not_counted_as_a_success(
     tmp_path: Path, start: Callable[..., Vllm]
 ) -> None:
@@ -337,9 +355,7 @@ def test_a_client_aborted_request_is_not_counted_as_a_success(
     conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
     conn.close()
     wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 0.0, "the abort")
-    text = server.metrics()
-    for reason in ("stop", "length", "abort"):
-        assert metric(text, "vllm:request_success_total", finished_reason=reason) == 0.0
+    assert success_series(server.metrics()) == dict.fromkeys(vs.FINISHED_REASONS, 0.0)
     ok = request(server.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert ok[0] == 200
     assert metric(server.metrics(), "vllm:request_success_total", finished_reason="length") == 1.0
@@ -348,30 +364,70 @@ def test_a_client_aborted_request_is_not_counted_as_a_success(
 # -- engine death ends the server --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["http", "signal"])
-def test_engine_death_answers_503_and_500_then_the_server_exits(
-    tmp_path: Path, start: Callable[..., Vllm], how: str
+def killed_answers() -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / "engine-killed-answers.json").read_text()))
+
+
+def test_engine_death_answers_500_and_503_with_the_real_bodies(
+    tmp_path: Path, start: Callable[..., Vllm]
 ) -> None:
-    server = start(str(model_dir(tmp_path)), STANDIN_ENGINE_DEATH_SECONDS="1").up()
-    began = time.monotonic()
-    if how == "http":
-        assert request(server.port, "POST", "/cardshare-sim/kill-engine")[0] == 200
-    else:
-        server.proc.send_signal(signal.SIGUSR1)
-        wait_for(lambda: request(server.port, "GET", "/health")[0] == 503, "the engine's death")
+    recorded = killed_answers()
+    server = start(
+        str(model_dir(tmp_path)),
+        STANDIN_TOKEN_SECONDS="0.05",
+        STANDIN_ENGINE_DEATH_SECONDS="5",
+        STANDIN_ENGINE_EXIT_SECONDS="6",
+    ).up()
+    in_flight: dict[str, Any] = {}
+
+    def long_completion() -> None:
+        body = {"prompt": "x", "max_tokens": 14}
+        in_flight["answer"] = request(server.port, "POST", "/v1/completions", body)
+
+    thread = threading.Thread(target=long_completion)
+    thread.start()
+    wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 1.0, "a request")
+    assert request(server.port, "POST", "/cardshare-sim/kill-engine")[0] == 200
+    thread.join(10)
+    status, headers, body = in_flight["answer"]
+    assert (status, body.decode()) == (500, recorded["in_flight_request"]["body"])
+    assert headers["content-type"] == "application/json"
+    status, _, body = request(server.port, "POST", "/v1/completions", {"prompt": "x"})
+    assert (status, body.decode()) == tuple(recorded["polls"][0]["completion"])
     assert request(server.port, "GET", "/health")[0::2] == (503, b"")
-    status, _, body = request(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}]},
-    )
-    assert status == 500
-    assert json.loads(body)["error"]["message"].startswith("EngineCore encountered an issue")
     assert server.exit_code() == vs.ENGINE_DEATH_EXIT
-    assert time.monotonic() - began >= 1.0  # it answered for about a second first
-    with pytest.raises(OSError):
-        request(server.port, "GET", "/health")
+
+
+def test_engine_death_ends_the_server_as_the_real_one(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    """The recorded timeline: the port refuses connections about 0.2 s after the death while
+    the process lives on (about 1.8 s in all), then it exits; its log says what the real
+    server's did."""
+    polls = killed_answers()["polls"]
+    refused = min(p["t"] for p in polls if p["health"][0] is None)
+    gone = min(p["t"] for p in polls if not p["api_server_alive"])
+    assert refused < gone  # what the recording shows, and the stand-in's defaults follow
+    settings = vs.prepare(["serve", "m"], {})
+    assert settings.death_seconds <= refused + 0.1 and settings.exit_seconds <= gone + 0.1
+
+    server = start(str(model_dir(tmp_path)), "--served-model-name", "qwen").up()
+    server.proc.send_signal(signal.SIGUSR1)
+
+    def refused_now() -> bool:
+        try:
+            request(server.port, "GET", "/health")
+        except OSError:
+            return True
+        return False
+
+    wait_for(refused_now, "the port to refuse connections")
+    assert server.exit_code() == vs.ENGINE_DEATH_EXIT
+    log = server.output()
+    assert "EngineDeadError: EngineCore encountered an issue." in log
+    assert "MPClient: engine core exited unexpectedly" in log
+    assert f"INFO:     Finished server process [{server.proc.pid}]" in log
+    assert "/.cache/conformance" not in log and ' - "POST ' not in log
 
 
 # -- a JSON body sent as text/plain ------------------------------------------------------------
@@ -397,9 +453,31 @@ def test_a_body_that_is_not_application_json_gets_400(
                                         headers=headers)  # fmt: skip
     assert got == status, body
     if status == 400:
-        assert answer_headers["content-type"] == "application/json"
-        assert body == vs.UNSUPPORTED_MEDIA_TYPE_BODY
+        recorded = json.loads((FIXTURES / "completions-text-plain-400.json").read_text())
+        assert recorded["status"] == 400
+        assert answer_headers["content-type"] == dict(recorded["headers"])["content-type"]
+        assert body.decode() == recorded["body"]
         assert "Unsupported Media Type: Only 'application/json' is allowed" in body.decode()
+
+
+def test_health_and_models_answer_as_the_real_server(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    server = start(str(model_dir(tmp_path)), "--served-model-name", "Qwen2.5-7B-Instruct").up()
+    health = json.loads((FIXTURES / "health-200.json").read_text())
+    status, headers, body = request(server.port, "GET", "/health")
+    assert (status, body.decode()) == (health["status"], health["body"])
+    recorded_headers = {k for k, _v in health["headers"]}
+    assert ("content-type" in headers) == ("content-type" in recorded_headers)
+    assert (FIXTURES / "models.status").read_text().strip() == "200"
+    real = json.loads((FIXTURES / "models.json").read_text())
+    status, _, body = request(server.port, "GET", "/v1/models")
+    mine = json.loads(body)
+    assert status == 200 and set(mine) == set(real)
+    assert [set(m) for m in mine["data"]] == [set(m) for m in real["data"]]
+    assert set(mine["data"][0]["permission"][0]) == set(real["data"][0]["permission"][0])
+    keep = ("object", "owned_by", "parent")
+    assert {k: mine["data"][0][k] for k in keep} == {k: real["data"][0][k] for k in keep}
 
 
 # -- /metrics against the real server's ---------------------------------------------------------
