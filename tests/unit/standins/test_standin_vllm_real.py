@@ -515,3 +515,15 @@ def test_idle_metrics_are_the_real_servers(tmp_path: Path, start: Callable[..., 
         assert mine[name] == real[name]
     assert mine["vllm:request_success_total"] == real["vllm:request_success_total"]
     assert {v for line in text.splitlines() if (m := SERIES.match(line)) for v in [m[3]]} == {"0.0"}
+
+
+def test_the_stand_ins_copy_of_the_death_log_is_the_recording() -> None:
+    """Its only change: the directory the lane recorded in, replaced by ``/opt/conformance``."""
+    recorded = (FIXTURES / vs.ENGINE_KILLED_LOG).read_text(encoding="utf-8")
+    copy = (vs.LOGS / vs.ENGINE_KILLED_LOG).read_text(encoding="utf-8")
+    assert copy == re.sub(r"/[^\s'\"]*?/\.cache/conformance", "/opt/conformance", recorded)
+    before, rest = vs.engine_death_log(copy)
+    assert "terminating worker queues" in before[0]
+    assert rest[0].startswith("INFO:     Shutting down") and "Finished server process" in "".join(
+        rest
+    )
