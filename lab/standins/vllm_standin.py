@@ -9,16 +9,18 @@ OpenAI-shaped API with canned text:
   from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, with ``--hf-overrides`` merged
   in; a YaRN ``rope_scaling`` counts as the generation's rules say, below); free memory of the
   simulated card below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice``
-  without ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
+  without ``--tool-call-parser``; an unknown parser.  The window refusal and the unknown parser
+  print the real server's recorded log (``vllm-logs/``) with this command line's values.
+  Unknown flags and bad values exit 2 like argparse.
 * start rules of two generations (``--vllm-rules``, else ``STANDIN_VLLM_RULES``, default
   ``0.21``, the pinned llm-scaler image's): ``pre-56446`` (``0.21`` and before) derives the
   window of a YaRN model as original x factor; ``post-56446`` (``0.32`` and after,
   vllm-project/vllm PR #56446) as ``max_position_embeddings`` of the merged config.
 * the KV-cache start failure: when one request of ``--max-model-len`` needs more KV cache
   (2 x layers x KV heads x head size x dtype bytes per token, from the config) than
-  ``STANDIN_KV_CACHE_BYTES``, the start fails after the load time with the real server's
-  recorded log (``vllm-logs/``, about 170 lines, the root cause in the middle, the API
-  server's traceback at the end), this start's figures put in, and exits 1.
+  ``--kv-cache-memory-bytes`` (else ``STANDIN_KV_CACHE_BYTES``), the start fails after the load
+  time with the real server's recorded log (``vllm-logs/``, 167 lines, the root cause in the
+  middle, the API server's traceback at the end), this start's figures put in, and exits 1.
 * engine death (``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``): requests in flight and new
   ones get the real 500 body, ``/health`` 503, for ``STANDIN_ENGINE_DEATH_SECONDS`` (0.2); then
   the port refuses connections and the process exits ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8)
@@ -131,6 +133,63 @@ TOOL_PARSERS = (
     "step3",
     "xlam",
 )
+# upstream vLLM 0.32's parsers, as its refusal lists them (vllm-logs/unknown-tool-call-parser.log)
+TOOL_PARSERS_POST = (
+    "apertus",
+    "cohere_command3",
+    "cohere_command4",
+    "deepseek_v3",
+    "deepseek_v31",
+    "deepseek_v32",
+    "deepseek_v4",
+    "deepseek_v41",
+    "dots",
+    "ernie45",
+    "functiongemma",
+    "gemma4",
+    "gigachat3",
+    "glm45",
+    "glm47",
+    "granite",
+    "granite-20b-fc",
+    "granite4",
+    "hermes",
+    "hf",
+    "hunyuan_a13b",
+    "hy_v3",
+    "hy_v4",
+    "inkling",
+    "internlm",
+    "jamba",
+    "k2_horizon",
+    "kimi_k2",
+    "kimi_k3",
+    "lfm2",
+    "ling3",
+    "llama3_json",
+    "llama4_json",
+    "llama4_pythonic",
+    "longcat",
+    "mimo",
+    "minicpm5",
+    "minimax_m2",
+    "minimax_m3",
+    "mistral",
+    "muse_glimmer",
+    "olmo3",
+    "openai",
+    "phi4_mini_json",
+    "plamo3",
+    "poolside_v1",
+    "pythonic",
+    "qwen3_coder",
+    "qwen3_json",
+    "qwen3_xml",
+    "seed_oss",
+    "step3",
+    "step3p5",
+    "xlam",
+)
 QUANTIZATIONS = (
     "awq",
     "awq_marlin",
@@ -168,7 +227,9 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``vllm serve`` command line, for the flags the collection uses."""
-    parser = argparse.ArgumentParser(prog="vllm serve", description="SIMULATION of vllm serve")
+    parser = argparse.ArgumentParser(
+        prog="vllm serve", usage="vllm serve [model_tag] [options]", description="SIMULATION"
+    )
     parser.add_argument("model_tag", nargs="?", default=None)
     parser.add_argument("--model", default=None)
     parser.add_argument("--host", default=None)
@@ -186,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--disable-sliding-window", action="store_true")
     parser.add_argument("--disable-log-requests", action="store_true")
@@ -367,6 +429,7 @@ class Settings:
     rules: str = RULES_PRE
     kv_bytes_per_token: int = 0
     kv_cache_bytes: int | None = None
+    kv_block: int = 16
     death_seconds: float = 0.2
     exit_seconds: float = 1.8
 
@@ -379,16 +442,17 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise StartupError("error: the following arguments are required: model_tag")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise StartupError("Error: --enable-auto-tool-choice requires --tool-call-parser")
-    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+    rules = parse_rules(args.vllm_rules or env.get("STANDIN_VLLM_RULES") or DEFAULT_RULES)
+    parsers = TOOL_PARSERS_POST if rules == RULES_POST else TOOL_PARSERS
+    if args.tool_call_parser is not None and args.tool_call_parser not in parsers:
         raise StartupError(
             f"invalid tool call parser: {args.tool_call_parser} "
-            f"(chose from {{ {','.join(TOOL_PARSERS)} }})"
+            f"(chose from {{ {','.join(parsers)} }})"
         )
     if not 0 < args.gpu_memory_utilization <= 1:
         raise StartupError(
             f"GPU memory utilization must be less than 1.0. Got {args.gpu_memory_utilization}."
         )
-    rules = parse_rules(args.vllm_rules or env.get("STANDIN_VLLM_RULES") or DEFAULT_RULES)
     config = load_model_config(model, args.hf_overrides, env)
     error = context_error(args.max_model_len, config, rules)
     if error is not None and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("1", "true"):
@@ -414,7 +478,8 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         read_weights=env.get("STANDIN_READ_WEIGHTS", "") in ("1", "true"),
         rules=rules,
         kv_bytes_per_token=kv_bytes_per_token(config),
-        kv_cache_bytes=_optional_int(env, "STANDIN_KV_CACHE_BYTES"),
+        kv_cache_bytes=args.kv_cache_memory_bytes or _optional_int(env, "STANDIN_KV_CACHE_BYTES"),
+        kv_block=args.block_size or KV_BLOCK,
         death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "0.2")),
         exit_seconds=float(env.get("STANDIN_ENGINE_EXIT_SECONDS", "1.8")),
     )
@@ -449,22 +514,28 @@ def kv_bytes_per_token(config: Mapping[str, Any]) -> int:
     return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
 
 
-KV_BLOCK = 16  # vLLM's default block size: the estimate is a whole number of blocks
+KV_BLOCK = 16  # vLLM's default block size (--block-size); the CPU backend's is 128
 
 
-def kv_cache_error(max_model_len: int, per_token: int, available: int) -> str | None:
+def kv_cache_error(
+    max_model_len: int, per_token: int, available: int, block: int = KV_BLOCK
+) -> str | None:
     """vLLM V1's refusal when one request of ``max_model_len`` does not fit the KV cache
-    (``check_enough_kv_cache_memory``), or ``None``."""
+    (``check_enough_kv_cache_memory``), worded as the real 0.32 server printed it, or ``None``.
+    The estimate is the longest request the blocks hold, one block kept back (1 MiB at 256
+    bytes a token in blocks of 128: 3968, as recorded)."""
     needed = max_model_len * per_token
     if needed <= available:
         return None
-    estimate = max(available, 0) // (per_token * KV_BLOCK) * KV_BLOCK
+    estimate = max(max(available, 0) // (per_token * block) - 1, 0) * block
     return (
-        f"To serve at least one request with the models's max seq len ({max_model_len}), "
-        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV "
-        f"cache memory ({max(available, 0) / GIB:.2f} GiB). Based on the available memory, the "
-        f"estimated maximum model length is {estimate}. Try increasing `gpu_memory_utilization` "
-        "or decreasing `max_model_len` when initializing the engine."
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"({round(needed / GIB, 2)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({round(max(available, 0) / GIB, 2)} GiB). Based on the available "
+        f"memory, the estimated maximum model length is {estimate}. Try increasing "
+        "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+        "decreasing `max_model_len` when initializing the engine. See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     )
 
 
@@ -1098,10 +1169,15 @@ def make_server(settings: Settings, card: SimClient | None, port: int | None = N
 LOGS = Path(__file__).resolve().parent / "vllm-logs"
 KV_CACHE_LOG = "kv-cache-start-failure.log"
 ENGINE_KILLED_LOG = "engine-killed.log"
-ROOT_CAUSE_KV = re.compile(
-    r"To serve at least one request with the models's max seq len .*?"
-    r"when initializing the engine\."
+YARN_REFUSAL_LOG = "yarn-refusal.log"
+UNKNOWN_PARSER_LOG = "unknown-tool-call-parser.log"
+# each recorded failure's root cause, to the end of its line (or of the pydantic message)
+ROOT_CAUSE_KV = re.compile(r"To serve at least one request with the models?'s max seq len [^\n]*")
+ROOT_CAUSE_CONTEXT = re.compile(
+    r"User-specified max_model_len \(\d+\) is greater than [^\n]*?(?= \[type=)"
 )
+ROOT_CAUSE_PARSER = re.compile(r"invalid tool call parser: \S+ \(chose from \{[^}]*\}\)")
+_ROOT_CAUSES = (ROOT_CAUSE_KV, ROOT_CAUSE_CONTEXT, ROOT_CAUSE_PARSER)
 # a process tag as vLLM prints it: "(APIServer pid=31217) ", "(EngineCore_DP0 pid=2544) "
 PROCESS_TAG = re.compile(r"\(([A-Za-z_][\w-]*) pid=(\d+)\)")
 # (pattern, field): group 1 of each match is the recording's value of that field
@@ -1112,8 +1188,9 @@ _LOG_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"max_seq_len=(\d+)"), "max_model_len"),
     (re.compile(r"served_model_name=([^,\s]+)"), "served_name"),
     (re.compile(r"'served_model_name': \['([^']+)'\]"), "served_name"),
+    (re.compile(r"'port': (\d+)"), "port"),
 )
-_RECORDED_MODEL = re.compile(r"model='([^']+)'")
+_RECORDED_MODEL = re.compile(r"(?:\bmodel=|'model': )'([^']+)'")
 # where the real server's Python files were (the recording machine's virtualenv)
 _SITE_PACKAGES = re.compile(r'File "([^"]*?)/(?:site-packages|dist-packages)/')
 # uvicorn's lines naming the API server's pid: "Started server process [31217]"
@@ -1134,9 +1211,11 @@ def recorded_values(text: str) -> dict[str, str]:
         found = pattern.search(text)
         if found is not None:
             values[name] = found[1]
-    cause = ROOT_CAUSE_KV.search(text)
-    if cause is not None:
-        values["root_cause"] = cause[0]
+    for pattern in _ROOT_CAUSES:
+        cause = pattern.search(text)
+        if cause is not None:
+            values["root_cause"] = cause[0]
+            break
     return values
 
 
@@ -1150,7 +1229,8 @@ def render_recorded_log(text: str, values: Mapping[str, str], pids: Sequence[int
         if name in recorded and name in values:
             out = out.replace(recorded[name], values[name])
     if "root_cause" in values:
-        out = ROOT_CAUSE_KV.sub(lambda _m: values["root_cause"], out)
+        for pattern in _ROOT_CAUSES:
+            out = pattern.sub(lambda _m: values["root_cause"], out)
     if pids:
         order: dict[str, str] = {}
         for tag in PROCESS_TAG.finditer(text):
@@ -1191,8 +1271,8 @@ def engine_death_log(recorded: str) -> tuple[list[str], list[str]]:
     return after[:cut], after[cut:]
 
 
-# the Python prefix the stand-in's copies of the logs print (an image's, not the recorder's)
-PYTHON_PREFIX = "/usr/local/lib/python3.12"
+# the Python prefix the recordings print (the lane's virtualenv, as its README says)
+PYTHON_PREFIX = "/opt/vllm/lib/python3.11"
 
 
 # --------------------------------------------------------------------------- main
@@ -1223,6 +1303,27 @@ def take_forced_failure(root: Path) -> str | None:
     return kind if count >= 1 else None
 
 
+def _fail_as_recorded(name: str, argv: Sequence[str], root_cause: str) -> int:
+    """Refuse as the real server did: its recorded log (``vllm-logs/<name>``) with this
+    command line's values and root cause, then exit 1."""
+    args = parse_args(argv)
+    model = args.model or args.model_tag or ""
+    values = {
+        "time": time.strftime("%m-%d %H:%M:%S"),
+        "model": model,
+        "served_name": (args.served_model_name or [model])[0],
+        "port": str(args.port),
+        "python_prefix": PYTHON_PREFIX,
+        "root_cause": root_cause,
+    }
+    if args.max_model_len is not None:
+        values["max_model_len"] = str(args.max_model_len)
+    text = render_recorded_log(read_recorded_log(name), values, _pids())
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+    return 1
+
+
 def _fail(lines: Sequence[str]) -> int:
     for line in lines:
         print(line, file=sys.stderr, flush=True)
@@ -1238,13 +1339,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except StartupError as exc:
         message = str(exc)
         if message.startswith("User-specified max_model_len"):
-            return _fail(
-                [
-                    "pydantic_core._pydantic_core.ValidationError: "
-                    "1 validation error for ModelConfig",
-                    f"  Value error, {message} [type=value_error, input_type=ArgsKwargs]",
-                ]
-            )
+            return _fail_as_recorded(YARN_REFUSAL_LOG, args, message)
+        if message.startswith("invalid tool call parser"):
+            return _fail_as_recorded(UNKNOWN_PARSER_LOG, args, message)
         if message.startswith("Error: --enable-auto-tool-choice"):
             return _fail([f"TypeError: {message}"])
         return _fail([f"ValueError: {message}"])
@@ -1276,15 +1373,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def kv_start_error(settings: Settings, forced: bool) -> str | None:
     """The KV-cache start failure's root cause, or ``None``: the cache one request of
-    ``max_model_len`` needs against ``STANDIN_KV_CACHE_BYTES`` (when set), or against half of
+    ``max_model_len`` needs against the KV cache given (when given), or against half of
     it when the lab knob forces the failure."""
     per_token = settings.kv_bytes_per_token or _DEFAULT_KV_BYTES_PER_TOKEN
     needed = settings.max_model_len * per_token
+    block = settings.kv_block
     if forced:
-        return kv_cache_error(settings.max_model_len, per_token, needed // 2)
+        return kv_cache_error(settings.max_model_len, per_token, needed // 2, block)
     if settings.kv_cache_bytes is None:
         return None
-    return kv_cache_error(settings.max_model_len, per_token, settings.kv_cache_bytes)
+    return kv_cache_error(settings.max_model_len, per_token, settings.kv_cache_bytes, block)
 
 
 def _log_values(settings: Settings) -> dict[str, str]:
@@ -1293,6 +1391,7 @@ def _log_values(settings: Settings) -> dict[str, str]:
         "model": settings.model,
         "max_model_len": str(settings.max_model_len),
         "served_name": settings.served_names[0],
+        "port": str(settings.port),
         "python_prefix": PYTHON_PREFIX,
     }
 

@@ -217,46 +217,56 @@ def test_an_unknown_generation_is_refused_naming_the_knob(value: str) -> None:
 # -- the KV-cache start failure: the real log in its real length -------------------------------
 
 
-def kv_failure_lines(tmp_path: Path, start: Callable[..., Vllm], **env: str) -> list[str]:
-    server = start(
-        str(model_dir(tmp_path, max_position_embeddings=65536)), "--served-model-name", "qwen",
-        "--max-model-len", "65536",
-        STANDIN_KV_CACHE_BYTES=str(1024**3), **env,
-    )  # fmt: skip
+# the conformance lane's model and command line (tests/fixtures/vllm/README.md)
+TINY_QWEN2 = {
+    "max_position_embeddings": 32768,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "hidden_size": 64,
+    "torch_dtype": "bfloat16",
+}
+RECORDED_ARGV = [
+    "--served-model-name", "Qwen2.5-7B-Instruct", "--gpu-memory-utilization", "0.61",
+    "--max-model-len", "32768", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+]  # fmt: skip
+
+
+def kv_failure(tmp_path: Path, start: Callable[..., Vllm]) -> Vllm:
+    """The recorded case (a): 1 MiB of KV cache (the CPU backend's blocks of 128 tokens)."""
+    model = model_dir(tmp_path, **TINY_QWEN2)
+    server = start(str(model), *RECORDED_ARGV, "--kv-cache-memory-bytes", "1048576",
+                   "--block-size", "128")  # fmt: skip
     assert server.exit_code() == 1
-    return server.vllm_lines()
+    return server
 
 
 def root_cause_at(lines: list[str]) -> list[int]:
     return [n for n, line in enumerate(lines, 1) if ROOT_CAUSE in line]
 
 
-def recorded_kv_log() -> list[str]:
-    """The recorded real log: the fixture when the conformance lane recorded it, else the
-    copy the stand-in ships (its README says which it is)."""
-    fixture = FIXTURES / vs.KV_CACHE_LOG
-    path = fixture if fixture.exists() else vs.LOGS / vs.KV_CACHE_LOG
-    return path.read_text(encoding="utf-8").splitlines()
+def recorded(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
 
 
 def test_a_kv_cache_start_failure_prints_the_real_log_in_its_real_length(
     tmp_path: Path, start: Callable[..., Vllm]
 ) -> None:
-    lines = kv_failure_lines(tmp_path, start)
-    recorded = recorded_kv_log()
-    assert len(lines) == len(recorded)
+    lines = kv_failure(tmp_path, start).vllm_lines()
+    real = recorded(vs.KV_CACHE_LOG).splitlines()
+    assert len(lines) == len(real)
     assert 150 <= len(lines) <= 200  # about 170 lines (facts.md)
-    assert root_cause_at(lines) == root_cause_at(recorded)
+    assert root_cause_at(lines) == root_cause_at(real)
     positions = root_cause_at(lines)
-    assert positions and all(50 < n < len(lines) - 50 for n in positions), positions
-    assert lines[-1].endswith(LAST_LINE + " Failed core proc(s): {}")
-    # the stand-in's figures: 65536 tokens x 57344 bytes = 3.50 GiB against 1 GiB
-    cause = lines[positions[0] - 1]
-    assert (
-        "To serve at least one request with the models's max seq len (65536), (3.50 GiB KV cache "
-        "is needed, which is larger than the available KV cache memory (1.00 GiB). Based on the "
-        "available memory, the estimated maximum model length is 18720." in cause
-    )
+    assert len(positions) == 2 and all(50 < n < len(lines) - 50 for n in positions), positions
+    last = [line for line in lines if line.startswith("RuntimeError")]
+    assert last == [LAST_LINE + " Failed core proc(s): {}"]
+    assert lines.index(last[0]) >= len(lines) - 3
+    # the stand-in's own figures are the real server's: 32768 x 256 bytes against 1 MiB
+    cause = vs.kv_cache_error(32768, 256, 1024**2, 128)
+    assert cause is not None
+    assert cause == vs.recorded_values("\n".join(real))["root_cause"]
+    assert lines[positions[-1] - 1] == f"ValueError: {cause}"
 
 
 def test_the_root_cause_is_not_in_the_last_50_lines_but_the_whole_log_is_memory(
@@ -265,7 +275,7 @@ def test_the_root_cause_is_not_in_the_last_50_lines_but_the_whole_log_is_memory(
     """What the arbiter reads decides: the last 50 lines (``logs_tail(lines=50)``, what the
     current arbiter reads) are the API server's traceback alone; the whole failed start's log
     is classified as a lack of memory."""
-    lines = kv_failure_lines(tmp_path, start)
+    lines = kv_failure(tmp_path, start).vllm_lines()
     assert ROOT_CAUSE not in "\n".join(lines[-50:])
     assert classify_tail("\n".join(lines[-50:])).kind is ErrorKind.OTHER
     verdict = classify_tail("\n".join(lines))
@@ -275,26 +285,79 @@ def test_the_root_cause_is_not_in_the_last_50_lines_but_the_whole_log_is_memory(
     )
 
 
-def normalised(lines: list[str]) -> list[str]:
+def normalised(text: str) -> list[str]:
     """Times and pids out: the bytes that differ between any two runs of the real server."""
-    text = vs.render_recorded_log("\n".join(lines), {"time": "<time>"})
+    text = vs.render_recorded_log(text, {"time": "<time>"})
     return vs.PROCESS_TAG.sub(lambda m: f"({m[1]} pid=<pid>)", text).splitlines()
 
 
-def test_the_log_is_the_recording_with_this_starts_values(
+def as_recorded(tmp_path: Path, server: Vllm, name: str) -> list[str]:
+    """The stand-in's log of a failed start with the recording's model path and port put
+    back, times and pids out."""
+    real = vs.recorded_values(recorded(name))
+    mine = vs.recorded_values("\n".join(server.vllm_lines()))
+    assert mine["model"] == str(tmp_path / "model")
+    assert mine.get("port") == (str(server.port) if "port" in real else None)
+    back = {k: real[k] for k in ("model", "port") if k in real}
+    return normalised(vs.render_recorded_log("\n".join(server.vllm_lines()), back))
+
+
+def test_the_kv_cache_failure_is_the_recording_byte_for_byte(
     tmp_path: Path, start: Callable[..., Vllm]
 ) -> None:
-    recorded = recorded_kv_log()
-    values = vs.recorded_values("\n".join(recorded))
-    lines = kv_failure_lines(tmp_path, start)
-    mine = vs.recorded_values("\n".join(lines))
-    assert mine["model"] == str(tmp_path / "model")
-    assert (mine["max_model_len"], mine["served_name"]) == ("65536", "qwen")
-    # put the recording's values back: every other byte is the recording's
-    names = ("model", "max_model_len", "served_name", "root_cause", "python_prefix")
-    back = {k: values[k] for k in names}
-    again = vs.render_recorded_log("\n".join(lines), back).splitlines()
-    assert normalised(again) == normalised(recorded)
+    """Run as the recorded case, the stand-in prints the real log: every byte but times, pids,
+    the model's path and the port (its own), the figures computed, not copied."""
+    server = kv_failure(tmp_path, start)
+    assert as_recorded(tmp_path, server, vs.KV_CACHE_LOG) == normalised(recorded(vs.KV_CACHE_LOG))
+
+
+def test_the_yarn_refusal_is_the_recording_byte_for_byte(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    """Recorded case (b): the role's rung 0 under vLLM 0.32's rules."""
+    model = model_dir(tmp_path, **TINY_QWEN2)
+    argv = [a if a != "0.61" else "0.70" for a in RECORDED_ARGV]
+    argv = [a if a != "32768" else "65536" for a in argv]
+    server = start(str(model), *argv, "--hf-overrides", json.dumps({"rope_scaling": YARN}),
+                   "--vllm-rules", "0.32")  # fmt: skip
+    assert server.exit_code() == 1
+    assert as_recorded(tmp_path, server, vs.YARN_REFUSAL_LOG) == normalised(
+        recorded(vs.YARN_REFUSAL_LOG)
+    )
+
+
+def test_an_unknown_tool_call_parser_is_the_recording_byte_for_byte(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    """Recorded case (d): ``--tool-call-parser nosuchparser`` under vLLM 0.32's rules (its
+    list of parsers)."""
+    model = model_dir(tmp_path, **TINY_QWEN2)
+    argv = [a if a != "hermes" else "nosuchparser" for a in RECORDED_ARGV]
+    server = start(str(model), *argv, "--vllm-rules", "0.32")
+    assert server.exit_code() == 1
+    assert as_recorded(tmp_path, server, vs.UNKNOWN_PARSER_LOG) == normalised(
+        recorded(vs.UNKNOWN_PARSER_LOG)
+    )
+
+
+def test_a_bad_flag_value_exits_2_as_the_real_one(
+    tmp_path: Path, start: Callable[..., Vllm]
+) -> None:
+    """Recorded case (c): argparse's usage line and error, exit 2."""
+    server = start(str(model_dir(tmp_path)), *RECORDED_ARGV, "--max-num-seqs", "lots")
+    assert server.exit_code() == 2
+    real = [line for line in recorded("bad-flag-value.log").splitlines() if "Triton" not in line]
+    assert server.vllm_lines() == real
+
+
+def test_the_stand_ins_logs_are_the_recordings() -> None:
+    for name in (
+        vs.KV_CACHE_LOG,
+        vs.YARN_REFUSAL_LOG,
+        vs.UNKNOWN_PARSER_LOG,
+        vs.ENGINE_KILLED_LOG,
+    ):
+        assert (vs.LOGS / name).read_bytes() == (FIXTURES / name).read_bytes(), name
 
 
 def test_the_lab_knob_forces_a_kv_cache_failure(tmp_path: Path, start: Callable[..., Vllm]) -> None:
@@ -309,8 +372,9 @@ def test_the_lab_knob_forces_a_kv_cache_failure(tmp_path: Path, start: Callable[
                    "65536", CARDSHARE_SIM_ROOT=str(root))  # fmt: skip
     assert server.exit_code() == 1
     lines = server.vllm_lines()
-    assert len(lines) == len(recorded_kv_log())
-    assert "(1.75 GiB)" in lines[root_cause_at(lines)[0] - 1]  # half of what one request needs
+    assert len(lines) == len(recorded(vs.KV_CACHE_LOG).splitlines())
+    # half of what one request needs: 65536 x 57344 bytes = 3.5 GiB
+    assert "(1.75 GiB)" in lines[root_cause_at(lines)[0] - 1]
     assert not knob.exists()
     assert list((root / "proc").iterdir()) == []  # its memory went with it
 
@@ -515,15 +579,3 @@ def test_idle_metrics_are_the_real_servers(tmp_path: Path, start: Callable[..., 
         assert mine[name] == real[name]
     assert mine["vllm:request_success_total"] == real["vllm:request_success_total"]
     assert {v for line in text.splitlines() if (m := SERIES.match(line)) for v in [m[3]]} == {"0.0"}
-
-
-def test_the_stand_ins_copy_of_the_death_log_is_the_recording() -> None:
-    """Its only change: the directory the lane recorded in, replaced by ``/opt/conformance``."""
-    recorded = (FIXTURES / vs.ENGINE_KILLED_LOG).read_text(encoding="utf-8")
-    copy = (vs.LOGS / vs.ENGINE_KILLED_LOG).read_text(encoding="utf-8")
-    assert copy == re.sub(r"/[^\s'\"]*?/\.cache/conformance", "/opt/conformance", recorded)
-    before, rest = vs.engine_death_log(copy)
-    assert "terminating worker queues" in before[0]
-    assert rest[0].startswith("INFO:     Shutting down") and "Finished server process" in "".join(
-        rest
-    )
