@@ -1254,7 +1254,7 @@ def render_recorded_log(text: str, values: Mapping[str, str], pids: Sequence[int
 
 def read_recorded_log(name: str) -> str:
     """A recorded real log shipped with the stand-in (``vllm-logs/``)."""
-    return (LOGS / name).read_text(encoding="utf-8")
+    return (LOGS / name).read_bytes().decode("utf-8")  # as written: its lines hold "\r"s
 
 
 def engine_death_log(recorded: str) -> tuple[list[str], list[str]]:
