@@ -1409,8 +1409,8 @@ def kv_failure_log(settings: Settings, root_cause: str) -> str:
     return render_recorded_log(read_recorded_log(KV_CACHE_LOG), values, _pids())
 
 
-# as the real API server: it exits by itself once its engine core died (the recording's
-# "Finished server process"; the exit status was not recorded)
+# as the real API server: it exits by itself once its engine core died ("Finished server
+# process", exit status 0 in the recording)
 ENGINE_DEATH_EXIT = 0
 
 
