@@ -6,19 +6,36 @@ collection uses, refuses what vLLM refuses (with vLLM's messages), and then serv
 OpenAI-shaped API with canned text:
 
 * refusals (exit 1): ``--max-model-len`` above the model's window (``max_position_embeddings``
-  from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, scaled by a YaRN
-  ``rope_scaling`` from the config or ``--hf-overrides``); free memory of the simulated card
-  below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice`` without
-  ``--tool-call-parser``.  Unknown flags exit 2 like argparse.
+  from ``<model>/config.json``, else ``STANDIN_NATIVE_CONTEXT``, with ``--hf-overrides`` merged
+  in; a YaRN ``rope_scaling`` counts as the generation's rules say, below); free memory of the
+  simulated card below ``--gpu-memory-utilization`` x total; ``--enable-auto-tool-choice``
+  without ``--tool-call-parser``; an unknown parser.  The window refusal and the unknown parser
+  print the real server's recorded log (``vllm-logs/``) with this command line's values.
+  Unknown flags and bad values exit 2 like argparse.
+* start rules of two generations (``--vllm-rules``, else ``STANDIN_VLLM_RULES``, default
+  ``0.21``, the pinned llm-scaler image's): ``pre-56446`` (``0.21`` and before) derives the
+  window of a YaRN model as original x factor; ``post-56446`` (``0.32`` and after,
+  vllm-project/vllm PR #56446) as ``max_position_embeddings`` of the merged config.
+* the KV-cache start failure: when one request of ``--max-model-len`` needs more KV cache
+  (2 x layers x KV heads x head size x dtype bytes per token, from the config) than
+  ``--kv-cache-memory-bytes`` (else ``STANDIN_KV_CACHE_BYTES``), the start fails after the load
+  time with the real server's recorded log (``vllm-logs/``, 167 lines, the root cause in the
+  middle, the API server's traceback at the end), this start's figures put in, and exits 1.
+* engine death (``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``): requests in flight and new
+  ones get the real 500 body, ``/health`` 503, for ``STANDIN_ENGINE_DEATH_SECONDS`` (0.2); then
+  the port refuses connections and the process exits ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8)
+  after the death, printing the real server's log of that, as the recorded real API server.
+* a client-aborted request is not counted in ``vllm:request_success_total``; a body whose
+  ``Content-Type`` is not ``application/json`` gets vLLM's 400.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
   connections are refused, as with the real server while it loads the model.
-* ``GET /health`` and ``GET|POST /ping`` (200 empty; 503 once the engine is "dead":
-  ``POST /cardshare-sim/kill-engine`` or ``SIGUSR1``), ``GET /v1/models`` (with
-  ``max_model_len``), ``GET /version``, ``POST /v1/chat/completions`` and ``/v1/completions``
-  (``stream`` true/false, SSE chunks and ``data: [DONE]``, ``max_tokens``, tool-call shaped
-  replies), ``POST /tokenize`` and ``/detokenize`` (vLLM's shapes), ``GET /metrics``
-  (Prometheus text with vLLM's metric names and true counts).  Request bodies may come with
-  ``Content-Length`` or ``Transfer-Encoding: chunked``.
+* ``GET /health`` and ``GET|POST /ping`` (200 empty; 503 once the engine is "dead"),
+  ``GET /v1/models`` (with ``max_model_len``), ``GET /version``, ``POST
+  /v1/chat/completions`` and ``/v1/completions`` (``stream`` true/false, SSE chunks and
+  ``data: [DONE]``, ``max_tokens``, tool-call shaped replies), ``POST /tokenize`` and
+  ``/detokenize`` (vLLM's shapes), ``GET /metrics`` (Prometheus text with vLLM's metric names
+  and true counts).  Request bodies may come with ``Content-Length`` or ``Transfer-Encoding:
+  chunked``.
 * the stand-in's tokenizer: a token is a word with the whitespace before it (special tokens
   such as ``<|im_start|>`` alone, at Qwen2's ids); other ids are numbered as pieces are first
   seen, so ``/detokenize`` inverts ``/tokenize`` for the server's lifetime.  Chat prompts
@@ -31,13 +48,16 @@ Environment: ``STANDIN_LOAD_SECONDS`` (2), ``STANDIN_TOKEN_SECONDS`` (0.01),
 ``STANDIN_NATIVE_CONTEXT`` (32768), ``STANDIN_MAX_RUNNING`` (``--max-num-seqs``),
 ``STANDIN_RELEASE_SECONDS`` (1), ``STANDIN_READ_WEIGHTS`` (unset; ``1``: read every
 ``*.safetensors`` of the model to its end after the load time, as the loader does),
+``STANDIN_VLLM_RULES`` (``0.21``), ``STANDIN_KV_CACHE_BYTES`` (unset: no KV-cache check),
+``STANDIN_ENGINE_DEATH_SECONDS`` (0.2), ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8),
 ``CARDSHARE_SIM_ROOT``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
 
 Lab knob (fault injection, outside vLLM's interface): a file
 ``<CARDSHARE_SIM_ROOT>/lab/vllm-fail-next-starts`` holding a count N makes the next N starts
 fail as vLLM does when the card's memory is taken between a measure and the load (vLLM's
-own insufficient-memory message, with the card's free memory read as 0); each failing start
-takes one from the count and the file goes at 0.
+own insufficient-memory message, with the card's free memory read as 0); ``N kv-cache`` makes
+them fail with the KV-cache start failure instead (the cache available read as half of what one
+request needs).  Each failing start takes one from the count and the file goes at 0.
 """
 
 from __future__ import annotations
@@ -52,7 +72,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -113,6 +133,63 @@ TOOL_PARSERS = (
     "step3",
     "xlam",
 )
+# upstream vLLM 0.32's parsers, as its refusal lists them (vllm-logs/unknown-tool-call-parser.log)
+TOOL_PARSERS_POST = (
+    "apertus",
+    "cohere_command3",
+    "cohere_command4",
+    "deepseek_v3",
+    "deepseek_v31",
+    "deepseek_v32",
+    "deepseek_v4",
+    "deepseek_v41",
+    "dots",
+    "ernie45",
+    "functiongemma",
+    "gemma4",
+    "gigachat3",
+    "glm45",
+    "glm47",
+    "granite",
+    "granite-20b-fc",
+    "granite4",
+    "hermes",
+    "hf",
+    "hunyuan_a13b",
+    "hy_v3",
+    "hy_v4",
+    "inkling",
+    "internlm",
+    "jamba",
+    "k2_horizon",
+    "kimi_k2",
+    "kimi_k3",
+    "lfm2",
+    "ling3",
+    "llama3_json",
+    "llama4_json",
+    "llama4_pythonic",
+    "longcat",
+    "mimo",
+    "minicpm5",
+    "minimax_m2",
+    "minimax_m3",
+    "mistral",
+    "muse_glimmer",
+    "olmo3",
+    "openai",
+    "phi4_mini_json",
+    "plamo3",
+    "poolside_v1",
+    "pythonic",
+    "qwen3_coder",
+    "qwen3_json",
+    "qwen3_xml",
+    "seed_oss",
+    "step3",
+    "step3p5",
+    "xlam",
+)
 QUANTIZATIONS = (
     "awq",
     "awq_marlin",
@@ -150,7 +227,9 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``vllm serve`` command line, for the flags the collection uses."""
-    parser = argparse.ArgumentParser(prog="vllm serve", description="SIMULATION of vllm serve")
+    parser = argparse.ArgumentParser(
+        prog="vllm serve", usage="vllm serve [model_tag] [options]", description="SIMULATION"
+    )
     parser.add_argument("model_tag", nargs="?", default=None)
     parser.add_argument("--model", default=None)
     parser.add_argument("--host", default=None)
@@ -168,11 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--disable-sliding-window", action="store_true")
     parser.add_argument("--disable-log-requests", action="store_true")
     parser.add_argument("--distributed-executor-backend", default=None)
     parser.add_argument("--api-key", default=None)
+    # the stand-in's own knob (not vLLM's): which generation's start rules apply
+    parser.add_argument("--vllm-rules", default=None)
     _bool_flag(parser, "--enable-prefix-caching")
     return parser
 
@@ -226,12 +308,61 @@ def load_model_config(
     return _deep_merge(config, hf_overrides or {})
 
 
-def derived_max_model_len(config: Mapping[str, Any]) -> float:
-    """The window vLLM derives from a model config (``_get_and_verify_max_len``)."""
+# The two generations of vLLM's start rules (``--vllm-rules`` / ``STANDIN_VLLM_RULES``).
+# vllm-project/vllm PR #56446 ("stop re-scaling max_model_len", September 2026) changed how
+# a YaRN ``rope_scaling`` counts in the derived window: before it, original x factor; since
+# it, ``max_position_embeddings`` of the merged config.  The llm-scaler 0.21 image is before
+# the change; upstream 0.32 (the conformance lane's real server) after it.
+RULES_PRE = "pre-56446"
+RULES_POST = "post-56446"
+DEFAULT_RULES = "0.21"  # the pinned llm-scaler image's generation
+_RULES_NAMES = {
+    RULES_PRE: RULES_PRE,
+    "0.21": RULES_PRE,
+    "old": RULES_PRE,
+    RULES_POST: RULES_POST,
+    "0.32": RULES_POST,
+    "new": RULES_POST,
+}
+# versions known to be on one side of the change; between them nobody has checked
+_LAST_PRE = (0, 21)
+_FIRST_POST = (0, 32)
+
+
+def parse_rules(value: str) -> str:
+    """``pre-56446`` or ``post-56446`` from a knob value: a name or a vLLM version."""
+    text = value.strip().lower()
+    if text in _RULES_NAMES:
+        return _RULES_NAMES[text]
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:[+.-].*)?", text)
+    if match is not None:
+        version = (int(match[1]), int(match[2]))
+        if version <= _LAST_PRE:
+            return RULES_PRE
+        if version >= _FIRST_POST:
+            return RULES_POST
+    raise StartupError(
+        f"--vllm-rules (or STANDIN_VLLM_RULES) is {value!r}: not a generation the stand-in "
+        f"knows. Use {RULES_PRE} (or 0.21 and before) or {RULES_POST} (or 0.32 and after); "
+        "versions between are not known to be on either side of vLLM PR #56446"
+    )
+
+
+def derived_max_model_len(config: Mapping[str, Any], rules: str = RULES_PRE) -> float:
+    """The window vLLM derives from a model config (``_get_and_verify_max_len``).
+
+    ``pre-56446``: a YaRN ``rope_scaling`` makes it ``original_max_position_embeddings`` x
+    ``factor``; other scalings (not ``su``, ``longrope``, ``llama3``) multiply
+    ``max_position_embeddings`` by ``factor``.  ``post-56446``: YaRN no longer re-scales, the
+    window is ``max_position_embeddings`` of the config merged with ``--hf-overrides``; the
+    other scalings are kept as before (not checked against a real server).
+    """
     derived = float(config["max_position_embeddings"])
     rope = config.get("rope_scaling")
     if isinstance(rope, Mapping):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "yarn" and rules == RULES_POST:
+            return derived
         if rope_type not in ("su", "longrope", "llama3"):
             factor = float(rope.get("factor", 1.0))
             if rope_type == "yarn":
@@ -240,9 +371,11 @@ def derived_max_model_len(config: Mapping[str, Any]) -> float:
     return derived
 
 
-def context_error(max_model_len: int | None, config: Mapping[str, Any]) -> str | None:
+def context_error(
+    max_model_len: int | None, config: Mapping[str, Any], rules: str = RULES_PRE
+) -> str | None:
     """vLLM's refusal of a ``--max-model-len`` above the derived window, or ``None``."""
-    derived = derived_max_model_len(config)
+    derived = derived_max_model_len(config, rules)
     if max_model_len is None or max_model_len <= derived:
         return None
     return (
@@ -293,6 +426,12 @@ class Settings:
     api_key: str | None = None
     argv: tuple[str, ...] = field(default=())
     read_weights: bool = False
+    rules: str = RULES_PRE
+    kv_bytes_per_token: int = 0
+    kv_cache_bytes: int | None = None
+    kv_block: int = 16
+    death_seconds: float = 0.2
+    exit_seconds: float = 1.8
 
 
 def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -303,20 +442,22 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise StartupError("error: the following arguments are required: model_tag")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise StartupError("Error: --enable-auto-tool-choice requires --tool-call-parser")
-    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+    rules = parse_rules(args.vllm_rules or env.get("STANDIN_VLLM_RULES") or DEFAULT_RULES)
+    parsers = TOOL_PARSERS_POST if rules == RULES_POST else TOOL_PARSERS
+    if args.tool_call_parser is not None and args.tool_call_parser not in parsers:
         raise StartupError(
             f"invalid tool call parser: {args.tool_call_parser} "
-            f"(chose from {{ {','.join(TOOL_PARSERS)} }})"
+            f"(chose from {{ {','.join(parsers)} }})"
         )
     if not 0 < args.gpu_memory_utilization <= 1:
         raise StartupError(
             f"GPU memory utilization must be less than 1.0. Got {args.gpu_memory_utilization}."
         )
     config = load_model_config(model, args.hf_overrides, env)
-    error = context_error(args.max_model_len, config)
+    error = context_error(args.max_model_len, config, rules)
     if error is not None and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("1", "true"):
         raise StartupError(error)
-    max_len = args.max_model_len or int(derived_max_model_len(config))
+    max_len = args.max_model_len or int(derived_max_model_len(config, rules))
     max_running = int(env.get("STANDIN_MAX_RUNNING", "0") or 0) or args.max_num_seqs
     return Settings(
         model=model,
@@ -335,6 +476,66 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         argv=tuple(argv),
         read_weights=env.get("STANDIN_READ_WEIGHTS", "") in ("1", "true"),
+        rules=rules,
+        kv_bytes_per_token=kv_bytes_per_token(config),
+        kv_cache_bytes=args.kv_cache_memory_bytes or _optional_int(env, "STANDIN_KV_CACHE_BYTES"),
+        kv_block=args.block_size or KV_BLOCK,
+        death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "0.2")),
+        exit_seconds=float(env.get("STANDIN_ENGINE_EXIT_SECONDS", "1.8")),
+    )
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise StartupError(f"{name} is {value!r}: give a whole number of bytes") from None
+
+
+# Qwen2.5-7B's shape, when the model's config.json does not say (28 layers, 4 KV heads of 128)
+_DEFAULT_KV_BYTES_PER_TOKEN = 2 * 28 * 4 * 128 * 2
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}
+
+
+def kv_bytes_per_token(config: Mapping[str, Any]) -> int:
+    """Bytes of K and V cache one token takes (vLLM's full-attention page size per token):
+    2 x layers x KV heads x head size x the dtype's bytes, from the model's config."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads", heads))
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return _DEFAULT_KV_BYTES_PER_TOKEN
+    dtype = str(config.get("torch_dtype", config.get("dtype", "bfloat16")))
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+
+
+KV_BLOCK = 16  # vLLM's default block size (--block-size); the CPU backend's is 128
+
+
+def kv_cache_error(
+    max_model_len: int, per_token: int, available: int, block: int = KV_BLOCK
+) -> str | None:
+    """vLLM V1's refusal when one request of ``max_model_len`` does not fit the KV cache
+    (``check_enough_kv_cache_memory``), worded as the real 0.32 server printed it, or ``None``.
+    The estimate is the longest request the blocks hold, one block kept back (1 MiB at 256
+    bytes a token in blocks of 128: 3968, as recorded)."""
+    needed = max_model_len * per_token
+    if needed <= available:
+        return None
+    estimate = max(max(available, 0) // (per_token * block) - 1, 0) * block
+    return (
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"({round(needed / GIB, 2)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({round(max(available, 0) / GIB, 2)} GiB). Based on the available "
+        f"memory, the estimated maximum model length is {estimate}. Try increasing "
+        "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+        "decreasing `max_model_len` when initializing the engine. See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     )
 
 
@@ -436,6 +637,10 @@ class Vocabulary:
 # --------------------------------------------------------------------------- engine
 
 
+# the series of vllm:request_success_total the real server exports from its start (0.32)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
 class Engine:
     """Request accounting behind ``/metrics`` (true counts) and the card's busy engines."""
 
@@ -446,15 +651,21 @@ class Engine:
         self.slots = threading.Semaphore(settings.max_running)
         self.running = 0
         self.waiting = 0
-        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.success: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.tokens_in_flight = 0
         self.dead = False
+        self.on_death: Callable[[], None] | None = None
         self.vocabulary = Vocabulary()
 
     def kill(self) -> None:
-        self.dead = True
+        """The engine core process dies: the server answers 503 and 500, then exits."""
+        with self.lock:
+            first = not self.dead
+            self.dead = True
+        if first and self.on_death is not None:
+            self.on_death()
 
     def _set_busy(self) -> None:
         if self.card is not None:
@@ -474,8 +685,8 @@ class Engine:
         with self.lock:
             self.running -= 1
             self.tokens_in_flight -= prompt_tokens
-            self.success[reason] = self.success.get(reason, 0) + 1
-            if reason != "abort":
+            if reason != "abort":  # real vLLM counts no client-aborted request here
+                self.success[reason] = self.success.get(reason, 0) + 1
                 self.prompt_tokens += prompt_tokens
                 self.generation_tokens += generated
             self._set_busy()
@@ -514,7 +725,7 @@ class Engine:
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
         ]
-        for reason in ("stop", "length", "abort"):
+        for reason in FINISHED_REASONS:
             out.append(
                 f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
                 f'model_name="{name}"}} {float(success.get(reason, 0))}'
@@ -523,6 +734,24 @@ class Engine:
 
 
 # --------------------------------------------------------------------------- HTTP
+
+
+# vLLM's answer to a body whose Content-Type is not application/json (its
+# validate_json_request raises a request validation error: 400, not 415), byte for byte as
+# the real 0.32 server sent it (tests/fixtures/vllm/completions-text-plain-400.json)
+UNSUPPORTED_MEDIA_TYPE_BODY = (
+    b'{"error":{"message":"1 validation error:\\n  Unsupported Media Type: Only '
+    b'\'application/json\' is allowed","type":"Bad Request","param":null,"code":400}}'
+)
+# a request while (or after) the engine core died (tests/fixtures/vllm/engine-killed-answers.json)
+ENGINE_DEAD_BODY = (
+    b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the '
+    b'root cause.","type":"InternalServerError","param":null,"code":500}}'
+)
+
+
+class EngineDead(Exception):
+    """The engine core died while a request ran."""
 
 
 def _error(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -591,6 +820,10 @@ class VllmHandler(Handler):
         if path.startswith("/v1/") and not self._authorised():
             self.send_json(401, {"error": "Unauthorized"})
             return
+        media_type = self.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
+        if media_type != "application/json":
+            self.send_bytes(400, UNSUPPORTED_MEDIA_TYPE_BODY, "application/json")
+            return
         try:
             request = json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -603,7 +836,7 @@ class VllmHandler(Handler):
             self._tokenization(request, path == "/tokenize")
             return
         if self.engine.dead:
-            self.send_json(500, _error("EngineCore encountered an issue.", "EngineDeadError", 500))
+            self.send_bytes(500, ENGINE_DEAD_BODY, "application/json")
             return
         if not self._model_ok(request):
             return
@@ -685,6 +918,22 @@ class VllmHandler(Handler):
                 "root": settings.model,
                 "parent": None,
                 "max_model_len": settings.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
             }
             for name in settings.served_names
         ]
@@ -774,6 +1023,12 @@ class VllmHandler(Handler):
             reason = "stop" if plan.finish in ("stop", "tool_calls") else plan.finish
         except (BrokenPipeError, ConnectionResetError):
             reason = "abort"
+        except EngineDead:
+            reason = "abort"  # never counted: the server ends with its engine
+            if not request.get("stream"):
+                self.send_bytes(500, ENGINE_DEAD_BODY, "application/json")
+            else:
+                self.close_connection = True
         finally:
             engine.finish(reason, plan.prompt_tokens, generated)
 
@@ -782,6 +1037,8 @@ class VllmHandler(Handler):
         for token in plan.tokens:
             if delay > 0:
                 time.sleep(delay)
+            if self.engine.dead:
+                raise EngineDead
             yield token
 
     def _usage(self, plan: Plan) -> dict[str, int]:
@@ -906,24 +1163,165 @@ def make_server(settings: Settings, card: SimClient | None, port: int | None = N
     return VllmServer((settings.host, settings.port if port is None else port), engine)
 
 
+# --------------------------------------------------------------------------- recorded logs
+
+
+LOGS = Path(__file__).resolve().parent / "vllm-logs"
+KV_CACHE_LOG = "kv-cache-start-failure.log"
+ENGINE_KILLED_LOG = "engine-killed.log"
+YARN_REFUSAL_LOG = "yarn-refusal.log"
+UNKNOWN_PARSER_LOG = "unknown-tool-call-parser.log"
+# each recorded failure's root cause, to the end of its line (or of the pydantic message)
+ROOT_CAUSE_KV = re.compile(r"To serve at least one request with the models?'s max seq len [^\n]*")
+ROOT_CAUSE_CONTEXT = re.compile(
+    r"User-specified max_model_len \(\d+\) is greater than [^\n]*?(?= \[type=)"
+)
+ROOT_CAUSE_PARSER = re.compile(r"invalid tool call parser: \S+ \(chose from \{[^}]*\}\)")
+_ROOT_CAUSES = (ROOT_CAUSE_KV, ROOT_CAUSE_CONTEXT, ROOT_CAUSE_PARSER)
+# a process tag as vLLM prints it: "(APIServer pid=31217) ", "(EngineCore_DP0 pid=2544) "
+PROCESS_TAG = re.compile(r"\(([A-Za-z_][\w-]*) pid=(\d+)\)")
+# (pattern, field): group 1 of each match is the recording's value of that field
+_LOG_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)"), "time"),
+    (re.compile(r"Using max model len (\d+)"), "max_model_len"),
+    (re.compile(r"'max_model_len': (\d+)"), "max_model_len"),
+    (re.compile(r"max_seq_len=(\d+)"), "max_model_len"),
+    (re.compile(r"served_model_name=([^,\s]+)"), "served_name"),
+    (re.compile(r"'served_model_name': \['([^']+)'\]"), "served_name"),
+    (re.compile(r"'port': (\d+)"), "port"),
+)
+_RECORDED_MODEL = re.compile(r"(?:\bmodel=|'model': )'([^']+)'")
+# where the real server's Python files were (the recording machine's virtualenv)
+_SITE_PACKAGES = re.compile(r'File "([^"]*?)/(?:site-packages|dist-packages)/')
+# uvicorn's lines naming the API server's pid: "Started server process [31217]"
+_SERVER_PROCESS = re.compile(r"((?:Started|Finished) server process )\[\d+\]")
+# uvicorn's access log: the stand-in logs no requests
+_ACCESS_LINE = re.compile(r'^INFO: +\S+:\d+ - "')
+
+
+def recorded_values(text: str) -> dict[str, str]:
+    """The values a recorded log carries in the fields the stand-in substitutes (the first
+    occurrence of each), its model path, its Python prefix and its root cause."""
+    values: dict[str, str] = {}
+    for pattern, name in _LOG_FIELDS:
+        found = pattern.search(text)
+        if found is not None:
+            values.setdefault(name, found[1])
+    for pattern, name in ((_RECORDED_MODEL, "model"), (_SITE_PACKAGES, "python_prefix")):
+        found = pattern.search(text)
+        if found is not None:
+            values[name] = found[1]
+    for pattern in _ROOT_CAUSES:
+        cause = pattern.search(text)
+        if cause is not None:
+            values["root_cause"] = cause[0]
+            break
+    return values
+
+
+def render_recorded_log(text: str, values: Mapping[str, str], pids: Sequence[int] = ()) -> str:
+    """A recorded real log with the stand-in's own values in the fields that carry them
+    (times, the model, its length and name, the root cause, the Python prefix; the processes'
+    pids, in order of their first appearance, from ``pids``); every other byte as recorded."""
+    recorded = recorded_values(text)
+    out = text
+    for name in ("model", "python_prefix"):
+        if name in recorded and name in values:
+            out = out.replace(recorded[name], values[name])
+    if "root_cause" in values:
+        for pattern in _ROOT_CAUSES:
+            out = pattern.sub(lambda _m: values["root_cause"], out)
+    if pids:
+        order: dict[str, str] = {}
+        for tag in PROCESS_TAG.finditer(text):
+            order.setdefault(tag[2], str(pids[min(len(order), len(pids) - 1)]))
+        out = PROCESS_TAG.sub(lambda m: f"({m[1]} pid={order.get(m[2], m[2])})", out)
+        out = _SERVER_PROCESS.sub(lambda m: f"{m[1]}[{pids[0]}]", out)
+
+    for pattern, name in _LOG_FIELDS:
+        if name not in values:
+            continue
+        value = values[name]
+
+        def put(match: re.Match[str], value: str = value) -> str:
+            whole = match[0]
+            start, end = match.start(1) - match.start(0), match.end(1) - match.start(0)
+            return whole[:start] + value + whole[end:]
+
+        out = pattern.sub(put, out)
+    return out
+
+
+def read_recorded_log(name: str) -> str:
+    """A recorded real log shipped with the stand-in (``vllm-logs/``)."""
+    return (LOGS / name).read_bytes().decode("utf-8")  # as written: its lines hold "\r"s
+
+
+def engine_death_log(recorded: str) -> tuple[list[str], list[str]]:
+    """What the real API server printed after its engine core was killed: the lines up to its
+    uvicorn shutdown, then the rest (its access-log lines left out)."""
+    lines = recorded.splitlines(keepends=True)
+    marks = ("[shutdown]", "exited unexpectedly")
+    first = next((i for i, line in enumerate(lines) if any(m in line for m in marks)), len(lines))
+    # the worker's own line about its parent comes just before, from the same death
+    while first > 0 and "terminating worker" in lines[first - 1]:
+        first -= 1
+    after = [line for line in lines[first:] if not _ACCESS_LINE.match(line)]
+    cut = next((i for i, line in enumerate(after) if line.startswith("INFO:     Shutting down")), 0)
+    return after[:cut], after[cut:]
+
+
+# the Python prefix the recordings print (the lane's virtualenv, as its README says)
+PYTHON_PREFIX = "/opt/vllm/lib/python3.11"
+
+
 # --------------------------------------------------------------------------- main
 
 
 FAIL_KNOB = Path("lab") / "vllm-fail-next-starts"
 
 
-def take_forced_failure(root: Path) -> bool:
-    """Consume one forced start failure from the lab knob (see the module's text)."""
+FORCED_KINDS = ("free-memory", "kv-cache")
+
+
+def take_forced_failure(root: Path) -> str | None:
+    """Consume one forced start failure from the lab knob (see the module's text): its kind,
+    ``free-memory`` (a count alone) or ``kv-cache`` (``N kv-cache``), else ``None``."""
     knob = root / FAIL_KNOB
     try:
-        count = int(knob.read_text().strip() or "0")
+        words = knob.read_text().split()
+        count = int(words[0]) if words else 0
     except (OSError, ValueError):
-        return False
+        return None
+    kind = words[1] if len(words) > 1 else FORCED_KINDS[0]
+    if kind not in FORCED_KINDS:
+        return None
     if count <= 1:
         knob.unlink(missing_ok=True)
     else:
-        knob.write_text(f"{count - 1}\n")
-    return count >= 1
+        knob.write_text(" ".join([str(count - 1), *words[1:2]]) + "\n")
+    return kind if count >= 1 else None
+
+
+def _fail_as_recorded(name: str, argv: Sequence[str], root_cause: str) -> int:
+    """Refuse as the real server did: its recorded log (``vllm-logs/<name>``) with this
+    command line's values and root cause, then exit 1."""
+    args = parse_args(argv)
+    model = args.model or args.model_tag or ""
+    values = {
+        "time": time.strftime("%m-%d %H:%M:%S"),
+        "model": model,
+        "served_name": (args.served_model_name or [model])[0],
+        "port": str(args.port),
+        "python_prefix": PYTHON_PREFIX,
+        "root_cause": root_cause,
+    }
+    if args.max_model_len is not None:
+        values["max_model_len"] = str(args.max_model_len)
+    text = render_recorded_log(read_recorded_log(name), values, _pids())
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+    return 1
 
 
 def _fail(lines: Sequence[str]) -> int:
@@ -941,22 +1339,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except StartupError as exc:
         message = str(exc)
         if message.startswith("User-specified max_model_len"):
-            return _fail(
-                [
-                    "pydantic_core._pydantic_core.ValidationError: "
-                    "1 validation error for ModelConfig",
-                    f"  Value error, {message} [type=value_error, input_type=ArgsKwargs]",
-                ]
-            )
+            return _fail_as_recorded(YARN_REFUSAL_LOG, args, message)
+        if message.startswith("invalid tool call parser"):
+            return _fail_as_recorded(UNKNOWN_PARSER_LOG, args, message)
         if message.startswith("Error: --enable-auto-tool-choice"):
             return _fail([f"TypeError: {message}"])
         return _fail([f"ValueError: {message}"])
     card = SimClient(comm=ENGINE_COMM, cmdline=["vllm", "serve", *args])
+    forced: str | None = None
     if card.card is None:
         print(f"SIMULATION: no simulated card under {card.root}; not registering", flush=True)
     else:
         free, total = card.free_vram()
-        if take_forced_failure(card.root):
+        forced = take_forced_failure(card.root)
+        if forced == "free-memory":
             free = 0  # the knob: memory taken between the arbiter's measure and this start
         error = memory_error(free, total, settings.utilization)
         if error is not None:
@@ -970,12 +1366,55 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         mib = 1024**2  # the driver reports whole pages; keep the figure readable
         card.register(vram=-(-math.ceil(total * settings.utilization) // mib) * mib)
     try:
-        return _serve(settings, card)
+        return _serve(settings, card, forced == "kv-cache")
     finally:
         card.close(settings.release_seconds)
 
 
-def _serve(settings: Settings, card: SimClient) -> int:
+def kv_start_error(settings: Settings, forced: bool) -> str | None:
+    """The KV-cache start failure's root cause, or ``None``: the cache one request of
+    ``max_model_len`` needs against the KV cache given (when given), or against half of
+    it when the lab knob forces the failure."""
+    per_token = settings.kv_bytes_per_token or _DEFAULT_KV_BYTES_PER_TOKEN
+    needed = settings.max_model_len * per_token
+    block = settings.kv_block
+    if forced:
+        return kv_cache_error(settings.max_model_len, per_token, needed // 2, block)
+    if settings.kv_cache_bytes is None:
+        return None
+    return kv_cache_error(settings.max_model_len, per_token, settings.kv_cache_bytes, block)
+
+
+def _log_values(settings: Settings) -> dict[str, str]:
+    return {
+        "time": time.strftime("%m-%d %H:%M:%S"),
+        "model": settings.model,
+        "max_model_len": str(settings.max_model_len),
+        "served_name": settings.served_names[0],
+        "port": str(settings.port),
+        "python_prefix": PYTHON_PREFIX,
+    }
+
+
+def _pids() -> list[int]:
+    """The API server's pid, then made-up ones for the engine core and its worker
+    (SIMULATION: no such processes exist)."""
+    pid = os.getpid()
+    return [pid, pid + 1, pid + 2]
+
+
+def kv_failure_log(settings: Settings, root_cause: str) -> str:
+    """The recorded real KV-cache start failure with this start's values in it."""
+    values = {**_log_values(settings), "root_cause": root_cause}
+    return render_recorded_log(read_recorded_log(KV_CACHE_LOG), values, _pids())
+
+
+# as the real API server: it exits by itself once its engine core died ("Finished server
+# process", exit status 0 in the recording)
+ENGINE_DEATH_EXIT = 0
+
+
+def _serve(settings: Settings, card: SimClient, kv_forced: bool = False) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -993,13 +1432,45 @@ def _serve(settings: Settings, card: SimClient) -> int:
             f"SIMULATION: read {size} bytes of weights in {time.monotonic() - started:.2f}s",
             flush=True,
         )
+    root_cause = kv_start_error(settings, kv_forced)
+    if root_cause is not None:
+        sys.stderr.write(kv_failure_log(settings, root_cause))
+        sys.stderr.flush()
+        return 1
     server = make_server(settings, card if card.registered else None)
+    died = threading.Event()
+    recorded = read_recorded_log(ENGINE_KILLED_LOG)
+
+    def print_recorded(lines: list[str]) -> None:
+        text = render_recorded_log("".join(lines), _log_values(settings), _pids())
+        sys.stderr.write(text if text.endswith("\n") or not text else text + "\n")
+        sys.stderr.flush()
+
+    def close_port(rest: list[str]) -> None:
+        print_recorded(rest)
+        server.shutdown()
+        server.server_close()  # from now on the port refuses connections
+
+    def on_death() -> None:
+        # as the real server: requests in flight and new ones get 500 (/health 503) until
+        # uvicorn shuts down (about 0.2 s), the port then refuses connections, and the
+        # process exits about 1.8 s after the death
+        died.set()
+        before, rest = engine_death_log(recorded)
+        print_recorded(before)
+        threading.Timer(settings.death_seconds, close_port, args=(rest,)).start()
+        threading.Timer(settings.exit_seconds, stop.set).start()
+
+    server.engine.on_death = on_death
     signal.signal(signal.SIGUSR1, lambda _s, _f: server.engine.kill())
     serve_in_thread(server)
     print(f"INFO: Started server process; listening on {settings.host}:{settings.port}", flush=True)
     stop.wait()
     server.shutdown()
     server.server_close()
+    if died.is_set():
+        print("SIMULATION: the engine core died; the API server exits", flush=True)
+        return ENGINE_DEATH_EXIT
     return 0
 
 
