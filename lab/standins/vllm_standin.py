@@ -351,14 +351,20 @@ def parse_rules(value: str) -> str:
 def derived_max_model_len(config: Mapping[str, Any], rules: str = RULES_PRE) -> float:
     """The window vLLM derives from a model config (``_get_and_verify_max_len``).
 
-    ``pre-56446``: a YaRN ``rope_scaling`` makes it ``original_max_position_embeddings`` x
-    ``factor``; other scalings (not ``su``, ``longrope``, ``llama3``) multiply
-    ``max_position_embeddings`` by ``factor``.  ``post-56446``: YaRN no longer re-scales, the
-    window is ``max_position_embeddings`` of the config merged with ``--hf-overrides``; the
-    other scalings are kept as before (not checked against a real server).
+    ``pre-56446``: a YaRN ``rope_scaling`` (``rope_parameters`` under transformers 5) makes it
+    ``original_max_position_embeddings`` x ``factor``; other scalings (not ``su``,
+    ``longrope``, ``llama3``) multiply ``max_position_embeddings`` by ``factor``.
+    ``post-56446``: YaRN no longer re-scales, the window is ``max_position_embeddings`` of the
+    config merged with ``--hf-overrides``; the other scalings are kept as before (not checked
+    against a real server).
     """
     derived = float(config["max_position_embeddings"])
     rope = config.get("rope_scaling")
+    params = config.get("rope_parameters")
+    # transformers 5 (the llm-scaler images, vLLM 0.32) names the RoPE settings
+    # ``rope_parameters``; its ``default`` type carries only the base and scales nothing
+    if isinstance(params, Mapping) and params.get("rope_type", "default") != "default":
+        rope = params
     if isinstance(rope, Mapping):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type == "yarn" and rules == RULES_POST:

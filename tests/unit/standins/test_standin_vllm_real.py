@@ -183,6 +183,34 @@ def test_start_rules_of_both_generations(
     assert too_long(length, refused) in server.output()
 
 
+_YARN_TF5 = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}
+
+
+@pytest.mark.parametrize(
+    ("rules", "config", "derived"),
+    [
+        # transformers 5's key, as the vllm role writes it for the llm-scaler images
+        ("pre-56446", {"max_position_embeddings": 32768, "rope_parameters": _YARN_TF5}, 65536.0),
+        ("pre-56446", {"max_position_embeddings": 65536, "rope_parameters": _YARN_TF5}, 65536.0),
+        ("post-56446", {"max_position_embeddings": 32768, "rope_parameters": _YARN_TF5}, 32768.0),
+        ("post-56446", {"max_position_embeddings": 65536, "rope_parameters": _YARN_TF5}, 65536.0),
+        # a transformers 5 config's own default RoPE (only the base) scales nothing
+        (
+            "pre-56446",
+            {
+                "max_position_embeddings": 32768,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+            },
+            32768.0,
+        ),
+    ],
+)
+def test_the_window_from_rope_parameters(
+    rules: str, config: dict[str, Any], derived: float
+) -> None:
+    assert vs.derived_max_model_len(config, rules) == derived
+
+
 def test_the_rules_knob_from_the_environment(tmp_path: Path, start: Callable[..., Vllm]) -> None:
     argv = [str(model_dir(tmp_path)), "--max-model-len", "65536", "--hf-overrides", overrides(YARN)]
     assert start(*argv, STANDIN_VLLM_RULES="0.32").exit_code() == 1
