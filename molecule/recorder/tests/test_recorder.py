@@ -136,7 +136,8 @@ def test_scan_names_vllm_by_compose_service_in_snapshot_and_history(host):
 def test_textfile_exports_the_clients(host):
     scan_now(host)
     text = host.file(TEXTFILE).content_string
-    assert 'cardshare_client_vram_bytes{client="vllm/vllm",card="0000:03:00.0"}' in text
+    series = 'cardshare_client_vram_bytes{client="vllm/vllm",kind="container",card="0000:03:00.0"}'
+    assert series in text
 
 
 def test_report_through_the_command_reads_the_role_data_dir(host):
