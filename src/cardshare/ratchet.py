@@ -575,12 +575,6 @@ def _whole(value: float) -> float:
     return int(value) if float(value).is_integer() else value
 
 
-_TIMESTAMPS = (
-    "cardshare_retrieval_watchdog_last_run_timestamp_seconds",
-    "cardshare_retrieval_last_restart_timestamp_seconds",
-)
-
-
 def render_metrics(
     state: Mapping[str, Any],
     *,
@@ -615,7 +609,8 @@ def render_metrics(
         samples["cardshare_retrieval_last_restart_timestamp_seconds"].append(
             ({}, float(state["last_restart"]))
         )
-    return promtext.render(_METRICS, samples, dict.fromkeys(_TIMESTAMPS, 3))
+    timestamps = {name: 3 for name, _, _ in _METRICS if name.endswith("_timestamp_seconds")}
+    return promtext.render(_METRICS, samples, timestamps)
 
 
 # -- one run --------------------------------------------------------------------------------

@@ -27,27 +27,19 @@ MAX_BODY = 4096
 
 def metrics_text(status: dict[str, Any]) -> str:
     paused = int(status["phase"] in ("paused", "waiting", "stopped"))
+    arbiter_paused = int(status["arbiter_pause_until"] is not None)
     gauges = (
-        ("files", "Files known to the re-encode campaign, by state.", None),
+        ("files", "Files known to the re-encode campaign, by state.", 0),  # by state below
         ("saved_bytes", "Bytes won back by replaced files.", status["saved_bytes"]),
         ("held_bytes", "Bytes of originals in the holding folder.", status["held_bytes"]),
         ("queued_bytes", "Bytes of files waiting to be re-encoded.", status["queued_bytes"]),
         ("paused", "1 while the encoder is paused or the campaign waits.", paused),
-        (
-            "arbiter_paused",
-            "1 while the arbiter's pause holds.",
-            int(status["arbiter_pause_until"] is not None),
-        ),
-        ("alert", "1 while the alert holds.", None),
+        ("arbiter_paused", "1 while the arbiter's pause holds.", arbiter_paused),
+        ("alert", "1 while the alert holds.", 0),  # by name below
     )
-    samples: dict[str, list[Sample]] = {
-        f"cardshare_campaign_{name}": [({}, value)]
-        for name, _, value in gauges
-        if value is not None
-    }
-    samples["cardshare_campaign_files"] = [
-        ({"state": s}, n) for s, n in sorted(status["counts"].items())
-    ]
+    samples: dict[str, list[Sample]] = {f"cardshare_campaign_{n}": [({}, v)] for n, _, v in gauges}
+    counts = sorted(status["counts"].items())
+    samples["cardshare_campaign_files"] = [({"state": s}, n) for s, n in counts]
     samples["cardshare_campaign_alert"] = [({"name": a["name"]}, 1) for a in status["alerts"]]
     return render([(f"cardshare_campaign_{n}", "gauge", h) for n, h, _ in gauges], samples)
 
