@@ -399,9 +399,8 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
         state_clients = {}
     samples["cardshare_scan_timestamp_seconds"].append(({}, snapshot["timestamp_unix"]))
     stats = snapshot.get("stats", {})
-    samples["cardshare_scan_processes"].append(({}, stats.get("processes", 0)))
-    samples["cardshare_scan_fdinfo_reads"].append(({}, stats.get("fdinfo_reads", 0)))
-    samples["cardshare_scan_fdinfo_reads_saved"].append(({}, stats.get("fdinfo_reads_saved", 0)))
+    for key in ("processes", "fdinfo_reads", "fdinfo_reads_saved"):
+        samples[f"cardshare_scan_{key}"].append(({}, stats.get(key, 0)))
     for reason in ("vanished", "unreadable", "not_clients", "unreadable_processes", "reused"):
         samples["cardshare_scan_skipped"].append(({"reason": reason}, stats.get(reason, 0)))
     samples["cardshare_scan_fdinfo_malformed_lines"].append(({}, stats.get("malformed_lines", 0)))
@@ -420,13 +419,8 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
             # a container and a host process of one name are two series (kind)
             kind = str(client.get("kind", "process"))
             labels = {"client": client["name"], "kind": kind, "card": pdev}
-            for key, metric in (
-                ("vram_bytes", "cardshare_client_vram_bytes"),
-                ("vram_shared_bytes", "cardshare_client_vram_shared_bytes"),
-                ("system_bytes", "cardshare_client_system_bytes"),
-                ("gtt_bytes", "cardshare_client_gtt_bytes"),
-            ):
-                samples[metric].append((labels, client.get(key, 0)))
+            for key in ("vram_bytes", "vram_shared_bytes", "system_bytes", "gtt_bytes"):
+                samples[f"cardshare_client_{key}"].append((labels, client.get(key, 0)))
             samples["cardshare_client_drm_clients"].append((labels, len(client["drm_client_ids"])))
             for engine, ratio in client["engines"].items():
                 if ratio is None:
