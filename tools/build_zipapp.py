@@ -39,6 +39,7 @@ MODULES = (
     "fdinfo.py",
     "naming.py",
     "procscan.py",
+    "promtext.py",
     "ratchet.py",
     "recorder/__init__.py",
     "recorder/compute.py",

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from cardshare import atomicfile
+from cardshare import atomicfile, promtext
 from cardshare.docker_api import (
     COMPOSE_PROJECT_LABEL,
     COMPOSE_SERVICE_LABEL,
@@ -83,7 +83,6 @@ from cardshare.docker_api import (
 )
 from cardshare.naming import naming_pid
 from cardshare.procscan import IsDrm, is_drm_char_device, scan_proc
-from cardshare.recorder.output import render_families
 
 __all__ = [
     "DEFER_REASONS",
@@ -518,16 +517,6 @@ def load_state(path: Path) -> tuple[dict[str, Any], str]:
     return state, ""
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int) or (math.isfinite(value) and value == int(value)):
-        return str(int(value))
-    return repr(float(value))
-
-
 # (name, type, help); counters end in ``_total``.
 _METRICS = (
     (
@@ -581,6 +570,11 @@ _METRICS = (
 )
 
 
+def _whole(value: float) -> float:
+    """A count of finite ``value`` as an integer when it is one: 3 in flight, not 3.0."""
+    return int(value) if float(value).is_integer() else value
+
+
 def render_metrics(
     state: Mapping[str, Any],
     *,
@@ -593,31 +587,30 @@ def render_metrics(
     in_flight: float | None,
 ) -> str:
     """The Prometheus textfile of one run (the text format the recorder writes)."""
-    samples: dict[str, list[str]] = {name: [] for name, _, _ in _METRICS}
-    samples["cardshare_retrieval_watchdog_up"].append(f" {int(up)}")
-    samples["cardshare_retrieval_watchdog_last_run_timestamp_seconds"].append(f" {now:.3f}")
+    samples: dict[str, list[promtext.Sample]] = {name: [] for name, _, _ in _METRICS}
+    samples["cardshare_retrieval_watchdog_up"].append(({}, int(up)))
+    samples["cardshare_retrieval_watchdog_last_run_timestamp_seconds"].append(({}, now))
     if resident is not None:
-        samples["cardshare_retrieval_resident_bytes"].append(
-            f'{{source="{_label(source)}"}} {resident}'
-        )
+        samples["cardshare_retrieval_resident_bytes"].append(({"source": source}, resident))
     for key in MEMORY_STAT_KEYS:
         if key in memory_stat:
             samples["cardshare_retrieval_cgroup_memory_stat_bytes"].append(
-                f'{{key="{key}"}} {memory_stat[key]}'
+                ({"key": key}, memory_stat[key])
             )
-    samples["cardshare_retrieval_resident_bound_bytes"].append(f" {bound}")
+    samples["cardshare_retrieval_resident_bound_bytes"].append(({}, bound))
     if in_flight is not None:
-        samples["cardshare_retrieval_in_flight"].append(f" {_number(in_flight)}")
-    samples["cardshare_retrieval_restarts_total"].append(f" {state['restarts_total']}")
+        samples["cardshare_retrieval_in_flight"].append(({}, _whole(in_flight)))
+    samples["cardshare_retrieval_restarts_total"].append(({}, state["restarts_total"]))
     for reason in DEFER_REASONS:
         samples["cardshare_retrieval_restart_deferrals_total"].append(
-            f'{{reason="{reason}"}} {state["deferrals_total"][reason]}'
+            ({"reason": reason}, state["deferrals_total"][reason])
         )
     if state.get("last_restart") is not None:
         samples["cardshare_retrieval_last_restart_timestamp_seconds"].append(
-            f" {float(state['last_restart']):.3f}"
+            ({}, float(state["last_restart"]))
         )
-    return render_families(_METRICS, samples)
+    timestamps = {name: 3 for name, _, _ in _METRICS if name.endswith("_timestamp_seconds")}
+    return promtext.render(_METRICS, samples, timestamps)
 
 
 # -- one run --------------------------------------------------------------------------------
@@ -652,7 +645,7 @@ def _gib(n: int) -> str:
 def _flight_text(in_flight: float | None, why: str) -> str:
     if in_flight is None:
         return f"in flight unknown ({why})"
-    return f"{_number(in_flight)} in flight"
+    return f"{promtext.number(_whole(in_flight))} in flight"
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from cardshare.campaign.runner import Campaign
 from cardshare.campaign.store import Store
+from cardshare.promtext import Sample, render
 
 __all__ = ["MAX_LEASE_SECONDS", "make_server", "metrics_text"]
 
@@ -25,39 +26,22 @@ MAX_BODY = 4096
 
 
 def metrics_text(status: dict[str, Any]) -> str:
-    lines = [
-        "# HELP cardshare_campaign_files Files known to the re-encode campaign, by state.",
-        "# TYPE cardshare_campaign_files gauge",
-    ]
-    lines += [
-        f'cardshare_campaign_files{{state="{s}"}} {n}' for s, n in sorted(status["counts"].items())
-    ]
-    for name, help_, value in (
+    paused = int(status["phase"] in ("paused", "waiting", "stopped"))
+    arbiter_paused = int(status["arbiter_pause_until"] is not None)
+    gauges = (
+        ("files", "Files known to the re-encode campaign, by state.", 0),  # by state below
         ("saved_bytes", "Bytes won back by replaced files.", status["saved_bytes"]),
         ("held_bytes", "Bytes of originals in the holding folder.", status["held_bytes"]),
         ("queued_bytes", "Bytes of files waiting to be re-encoded.", status["queued_bytes"]),
-        (
-            "paused",
-            "1 while the encoder is paused or the campaign waits.",
-            int(status["phase"] in ("paused", "waiting", "stopped")),
-        ),
-        (
-            "arbiter_paused",
-            "1 while the arbiter's pause holds.",
-            int(status["arbiter_pause_until"] is not None),
-        ),
-    ):
-        lines += [
-            f"# HELP cardshare_campaign_{name} {help_}",
-            f"# TYPE cardshare_campaign_{name} gauge",
-            f"cardshare_campaign_{name} {value}",
-        ]
-    lines += [
-        "# HELP cardshare_campaign_alert 1 while the alert holds.",
-        "# TYPE cardshare_campaign_alert gauge",
-    ]
-    lines += [f'cardshare_campaign_alert{{name="{a["name"]}"}} 1' for a in status["alerts"]]
-    return "\n".join(lines) + "\n"
+        ("paused", "1 while the encoder is paused or the campaign waits.", paused),
+        ("arbiter_paused", "1 while the arbiter's pause holds.", arbiter_paused),
+        ("alert", "1 while the alert holds.", 0),  # by name below
+    )
+    samples: dict[str, list[Sample]] = {f"cardshare_campaign_{n}": [({}, v)] for n, _, v in gauges}
+    counts = sorted(status["counts"].items())
+    samples["cardshare_campaign_files"] = [({"state": s}, n) for s, n in counts]
+    samples["cardshare_campaign_alert"] = [({"name": a["name"]}, 1) for a in status["alerts"]]
+    return render([(f"cardshare_campaign_{n}", "gauge", h) for n, h, _ in gauges], samples)
 
 
 def make_server(campaign: Campaign, host: str, port: int) -> ThreadingHTTPServer:

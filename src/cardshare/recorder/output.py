@@ -23,6 +23,7 @@ from typing import Any
 
 from cardshare import atomicfile
 from cardshare.atomicfile import DEFAULT_OPS, FileOps
+from cardshare.promtext import Sample, render
 
 __all__ = [
     "DEFAULT_OPS",
@@ -271,14 +272,6 @@ def prune_history(history_dir: Path, year: int, month: int, keep_months: int) ->
     return removed
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
-
-
 # (name, type, help); counters end in ``_total``.
 _METRICS = (
     ("cardshare_scan_timestamp_seconds", "gauge", "Time of the last recorder scan (Unix seconds)."),
@@ -362,7 +355,9 @@ _COUNTER_METRICS = (
 )
 
 
-def _counter_samples(samples: dict[str, list[str]], counters: Any, labels: dict[str, str]) -> None:
+def _counter_samples(
+    samples: dict[str, list[Sample]], counters: Any, labels: dict[str, str]
+) -> None:
     """Samples of one DRM client's raw engine counters (as kept in ``state.json``)."""
     if not isinstance(counters, Mapping):
         return
@@ -377,12 +372,13 @@ def _counter_samples(samples: dict[str, list[str]], counters: Any, labels: dict[
             if not isinstance(value, int) or isinstance(value, bool):
                 continue
             engines.add(engine)
-            shown = f"{value / 1e9:.9f}" if kind == "busy_ns" else str(value)
-            samples[metric].append(f"{_labels(**labels, engine=engine)} {shown}")
+            samples[metric].append(
+                ({**labels, "engine": engine}, value / 1e9 if kind == "busy_ns" else value)
+            )
     for engine in sorted(engines):
         cap = capacity.get(engine, 1)
         samples["cardshare_drm_client_engine_capacity"].append(
-            f"{_labels(**labels, engine=engine)} {cap if isinstance(cap, int) else 1}"
+            ({**labels, "engine": engine}, cap if isinstance(cap, int) else 1)
         )
 
 
@@ -397,48 +393,40 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
     counters only grow within a boot; a sum over the clients of a name would drop when one
     closes and look like a counter reset).
     """
-    samples: dict[str, list[str]] = {name: [] for name, _, _ in _METRICS}
+    samples: dict[str, list[Sample]] = {name: [] for name, _, _ in _METRICS}
     state_clients = state.get("clients") if state is not None else None
     if not isinstance(state_clients, Mapping):
         state_clients = {}
-    samples["cardshare_scan_timestamp_seconds"].append(f" {snapshot['timestamp_unix']}")
+    samples["cardshare_scan_timestamp_seconds"].append(({}, snapshot["timestamp_unix"]))
     stats = snapshot.get("stats", {})
-    samples["cardshare_scan_processes"].append(f" {stats.get('processes', 0)}")
-    samples["cardshare_scan_fdinfo_reads"].append(f" {stats.get('fdinfo_reads', 0)}")
-    samples["cardshare_scan_fdinfo_reads_saved"].append(f" {stats.get('fdinfo_reads_saved', 0)}")
+    for key in ("processes", "fdinfo_reads", "fdinfo_reads_saved"):
+        samples[f"cardshare_scan_{key}"].append(({}, stats.get(key, 0)))
     for reason in ("vanished", "unreadable", "not_clients", "unreadable_processes", "reused"):
-        samples["cardshare_scan_skipped"].append(f"{_labels(reason=reason)} {stats.get(reason, 0)}")
-    samples["cardshare_scan_fdinfo_malformed_lines"].append(f" {stats.get('malformed_lines', 0)}")
+        samples["cardshare_scan_skipped"].append(({"reason": reason}, stats.get(reason, 0)))
+    samples["cardshare_scan_fdinfo_malformed_lines"].append(({}, stats.get("malformed_lines", 0)))
     for pdev, card in snapshot["cards"].items():
-        card_labels = _labels(card=pdev, driver=card.get("driver") or "")
+        card_labels = {"card": pdev, "driver": card.get("driver") or ""}
         if card.get("vram_total_bytes") is not None:
             samples["cardshare_card_vram_total_bytes"].append(
-                f"{card_labels} {card['vram_total_bytes']}"
+                (card_labels, card["vram_total_bytes"])
             )
-        samples["cardshare_card_vram_used_bytes"].append(f"{card_labels} {card['vram_used_bytes']}")
+        samples["cardshare_card_vram_used_bytes"].append((card_labels, card["vram_used_bytes"]))
         samples["cardshare_card_vram_shared_bytes"].append(
-            f"{card_labels} {card.get('vram_shared_bytes', 0)}"
+            (card_labels, card.get("vram_shared_bytes", 0))
         )
-        samples["cardshare_card_clients"].append(f"{card_labels} {len(card['clients'])}")
+        samples["cardshare_card_clients"].append((card_labels, len(card["clients"])))
         for client in card["clients"]:
             # a container and a host process of one name are two series (kind)
             kind = str(client.get("kind", "process"))
-            labels = _labels(client=client["name"], kind=kind, card=pdev)
-            for key, metric in (
-                ("vram_bytes", "cardshare_client_vram_bytes"),
-                ("vram_shared_bytes", "cardshare_client_vram_shared_bytes"),
-                ("system_bytes", "cardshare_client_system_bytes"),
-                ("gtt_bytes", "cardshare_client_gtt_bytes"),
-            ):
-                samples[metric].append(f"{labels} {client.get(key, 0)}")
-            samples["cardshare_client_drm_clients"].append(
-                f"{labels} {len(client['drm_client_ids'])}"
-            )
+            labels = {"client": client["name"], "kind": kind, "card": pdev}
+            for key in ("vram_bytes", "vram_shared_bytes", "system_bytes", "gtt_bytes"):
+                samples[f"cardshare_client_{key}"].append((labels, client.get(key, 0)))
+            samples["cardshare_client_drm_clients"].append((labels, len(client["drm_client_ids"])))
             for engine, ratio in client["engines"].items():
                 if ratio is None:
                     continue
                 samples["cardshare_client_engine_busy_ratio"].append(
-                    f"{_labels(client=client['name'], kind=kind, card=pdev, engine=engine)} {ratio}"
+                    ({**labels, "engine": engine}, ratio)
                 )
             for client_id in client["drm_client_ids"]:
                 _counter_samples(
@@ -446,17 +434,4 @@ def prometheus_text(snapshot: Mapping[str, Any], state: Mapping[str, Any] | None
                     state_clients.get(f"{pdev}/{client_id}"),
                     {"card": pdev, "client": client["name"], "drm_client_id": str(client_id)},
                 )
-    return render_families(_METRICS, samples)
-
-
-def render_families(
-    families: Iterable[tuple[str, str, str]], samples: Mapping[str, Iterable[str]]
-) -> str:
-    """Prometheus text: per family ``(name, type, help)`` its HELP and TYPE lines, then each
-    sample as ``name`` followed by its labels and value (``samples[name]``)."""
-    lines: list[str] = []
-    for name, kind, help_text in families:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{sample}" for sample in samples[name])
-    return "\n".join(lines) + "\n"
+    return render(_METRICS, samples, {"cardshare_drm_client_engine_busy_seconds_total": 9})
