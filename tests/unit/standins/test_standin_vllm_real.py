@@ -393,11 +393,10 @@ def test_the_stand_ins_logs_are_the_recordings() -> None:
         assert (vs.LOGS / name).read_bytes() == (FIXTURES / name).read_bytes(), name
 
 
-def test_the_lab_knob_forces_a_kv_cache_failure(tmp_path: Path, start: Callable[..., Vllm]) -> None:
-    root = tmp_path / "sim"
-    from conftest import make_card
-
-    make_card(root)
+def test_the_lab_knob_forces_a_kv_cache_failure(
+    tmp_path: Path, card_root: Path, start: Callable[..., Vllm]
+) -> None:
+    root = card_root
     knob = root / vs.FAIL_KNOB
     knob.parent.mkdir(parents=True)
     knob.write_text("1 kv-cache\n")
