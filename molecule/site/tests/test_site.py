@@ -469,10 +469,12 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
         # the resident tier's measured VRAM is counted in what the plan was chosen from
         held = {t["name"]: t["vram_bytes"] for t in st["tenants"]}
         assert held["retrieval/ovms"] > 0 and "retrieval/ovms" in plan["reason"], (held, plan)
-        # vLLM's weights were read ahead while the last job ran (SIMULATION: the lab's 64 MiB
-        # placeholder, lab/playbooks/vllm-weights.yml)
+        # vLLM's model was read ahead while the last job ran (SIMULATION: the lab's 64 MiB of
+        # placeholder weights and the model's config.json, lab/playbooks/vllm-weights.yml)
+        config = host.file(f"/var/lib/cardshare/models/{MODEL}/config.json")
         assert st["prewarm"]["state"] == "done", st["prewarm"]
-        assert st["prewarm"]["bytes_read"] == 64 * 1024 * 1024, st["prewarm"]
+        assert st["prewarm"]["files"] == 2, st["prewarm"]
+        assert st["prewarm"]["bytes_read"] == 64 * 1024 * 1024 + config.size, st["prewarm"]
         assert "foreign" in {k for n, k in kinds.items() if "plex" in n.lower()}, kinds
         models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
         assert [m["max_model_len"] for m in models] == [plan["max_model_len"]]
