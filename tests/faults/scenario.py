@@ -158,6 +158,17 @@ def run_scenario(
                 sc.timeout,
                 "first job runs",
             )
+            # and ComfyUI executes its prompt: a cancel of a prompt still pending deletes it from
+            # the queue and sends no interrupt, which a loaded machine made the common case
+            prefix = f"cardshare/{first}/s0"
+            rig.wait(
+                lambda: any(
+                    r.get("event") == "start" and prefix in r.get("prefixes", [])
+                    for r in rig.executions_log()
+                ),
+                sc.timeout,
+                "ComfyUI executes the first job",
+            )
             status, doc = rig.api.request("DELETE", f"/v1/jobs/{first}", auth=True)
             assert status == 202, (status, doc)
             rig.cancelled.add(first)

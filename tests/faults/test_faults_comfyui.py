@@ -129,10 +129,11 @@ SCENARIOS = [
         "restart-interrupt-and-clear-fail",
     ),
     # DELETE of a running job: interrupted; when /interrupt fails ComfyUI is restarted
-    P(S(cancel_first=True, settings={"comfyui_job_seconds": 1.0}), "cancel-running"),
+    # (the job runs 3 s in the fake: the cancel lands while it runs, on a loaded machine too)
+    P(S(cancel_first=True, settings={"comfyui_job_seconds": 3.0}), "cancel-running"),
     *[
         P(
-            S(F("POST /interrupt", k), cancel_first=True, settings={"comfyui_job_seconds": 1.0}),
+            S(F("POST /interrupt", k), cancel_first=True, settings={"comfyui_job_seconds": 3.0}),
             f"cancel-interrupt-{k}",
         )
         for k in ("exception", "hang", "500")
