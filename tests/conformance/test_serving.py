@@ -228,7 +228,10 @@ def test_a_client_disconnect_stops_the_generation(vllm: VllmServer, proxy: str) 
     generated = sample(after, "vllm:generation_tokens_total") - sample(
         before, "vllm:generation_tokens_total"
     )
-    assert generated < LONG / 2, generated
+    # stopped before its end (ignore_eos: a finished request is exactly LONG tokens); how far
+    # it got depends on how soon the disconnect reaches vLLM: 24,231 of 30,000 were seen on a
+    # loaded 2-core machine, far fewer on a quiet one
+    assert generated < LONG, generated
     time.sleep(2)
     assert sample(metrics_text(vllm), "vllm:generation_tokens_total") == sample(
         after, "vllm:generation_tokens_total"
