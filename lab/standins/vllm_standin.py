@@ -1017,26 +1017,37 @@ class VllmHandler(Handler):
     def _generate(self, request: Mapping[str, Any], plan: Plan, chat: bool) -> None:
         engine = self.engine
         engine.admit(plan.prompt_tokens)
+        settled = False
+
+        def settle(reason: str, generated: int) -> None:
+            # Like the real engine, a request is counted when its last token is made, before
+            # the response's last bytes go out: a client that has its answer and then reads
+            # /metrics finds it counted.
+            nonlocal settled
+            if not settled:
+                settled = True
+                engine.finish(reason, plan.prompt_tokens, generated)
+
+        done = "stop" if plan.finish in ("stop", "tool_calls") else plan.finish
         generated = 0
-        reason = "abort"
         try:
             if request.get("stream"):
-                generated = self._stream(request, plan, chat)
+                self._stream(request, plan, chat, lambda n: settle(done, n))
             else:
                 for _ in self._tokens(plan):
                     generated += 1
+                settle(done, generated)
                 self.send_json(200, self._full_response(request, plan, chat))
-            reason = "stop" if plan.finish in ("stop", "tool_calls") else plan.finish
         except (BrokenPipeError, ConnectionResetError):
-            reason = "abort"
+            pass
         except EngineDead:
-            reason = "abort"  # never counted: the server ends with its engine
+            # never counted: the server ends with its engine
             if not request.get("stream"):
                 self.send_bytes(500, ENGINE_DEAD_BODY, "application/json")
             else:
                 self.close_connection = True
         finally:
-            engine.finish(reason, plan.prompt_tokens, generated)
+            settle("abort", generated)
 
     def _tokens(self, plan: Plan) -> Iterator[str]:
         delay = self.engine.settings.token_seconds
@@ -1091,7 +1102,9 @@ class VllmHandler(Handler):
             **base,
         }
 
-    def _stream(self, request: Mapping[str, Any], plan: Plan, chat: bool) -> int:
+    def _stream(
+        self, request: Mapping[str, Any], plan: Plan, chat: bool, done: Callable[[int], None]
+    ) -> None:
         model = request.get("model") or self.engine.settings.served_names[0]
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -1133,6 +1146,7 @@ class VllmHandler(Handler):
             self.send_event(chunk({"delta": {"tool_calls": [first]}, "finish_reason": None}))
             rest = {"index": 0, "function": {"arguments": call["function"]["arguments"]}}
             self.send_event(chunk({"delta": {"tool_calls": [rest]}, "finish_reason": None}))
+        done(generated)
         final: dict[str, Any] = {"finish_reason": plan.finish, "stop_reason": None}
         if chat:
             final["delta"] = {}
@@ -1153,7 +1167,6 @@ class VllmHandler(Handler):
             )
         self.send_event("[DONE]")
         self.end_stream()
-        return generated
 
 
 class VllmServer(StandinServer):
