@@ -1,6 +1,6 @@
 # Copyright: contributors to cardshare.gpuhost
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters for the ``vllm`` role: thin shells over ``plugin_utils._vllm_tuning``.
+"""Filters for the ``vllm`` role: thin shells over ``plugin_utils._vllm_*``.
 
 Each filter is documented in its own ``<filter name>.yml`` beside this file.  The logic and
 its validation live in the pure functions; here errors become ``AnsibleFilterError`` with
@@ -12,18 +12,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._filter_errors import filter_errors
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
-    DEFAULT_UTILIZATION_CEILING,
-    VllmTuningError,
-    compose_command,
-    gpu_memory_utilization,
-    resolve_model,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
     vllm_context,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
+    VllmTuningError,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
+    resolve_model,
     vllm_memory_cap,
     vllm_model_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
+    compose_command,
     vllm_plan,
     vllm_plan_ladder,
     vllm_serve_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_utilization import (
+    DEFAULT_UTILIZATION_CEILING,
+    gpu_memory_utilization,
 )
 
 _filter = filter_errors(VllmTuningError)

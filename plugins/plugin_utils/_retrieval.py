@@ -72,12 +72,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
     VllmTuningError,
     human_size,
     parse_number,
-    parse_reservations,
     parse_size,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_utilization import (
+    parse_reservations,
 )
 
 __all__ = [

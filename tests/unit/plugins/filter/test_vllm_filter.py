@@ -10,18 +10,26 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.vllm import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
-    SETTINGS_KEYS,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
+    vllm_context,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
     VllmTuningError,
-    compose_command,
-    gpu_memory_utilization,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
     model_spec,
     resolve_model,
-    vllm_context,
     vllm_memory_cap,
     vllm_model_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
+    SETTINGS_KEYS,
+    compose_command,
     vllm_plan,
     vllm_serve_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_utilization import (
+    gpu_memory_utilization,
 )
 
 ROOT = Path(__file__).resolve().parents[4]

@@ -1,5 +1,5 @@
 """Tables for the ladder of vLLM plans (``vllm_plan_ladder`` in
-plugins/plugin_utils/_vllm_tuning.py and its filter).
+plugins/plugin_utils/_vllm_plan.py and its filter).
 
 The lab/reference case is the role's defaults on the reference card (Arc Pro B70, 32 GiB):
 Qwen2.5-7B-Instruct, two Plex transcodes, a 64k target, a 32k floor, a 16k step and two
@@ -20,14 +20,18 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.vllm import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
-    DEFAULT_RUNTIME_OVERHEAD_BYTES,
-    LADDER_SETTINGS_KEYS,
-    SETTINGS_KEYS,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
     VllmTuningError,
     VllmTypeError,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
+    DEFAULT_RUNTIME_OVERHEAD_BYTES,
     model_spec,
     resolve_model,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
+    LADDER_SETTINGS_KEYS,
+    SETTINGS_KEYS,
     vllm_plan,
     vllm_plan_ladder,
 )

@@ -1,4 +1,4 @@
-"""Tables for the vllm role's tuning functions (plugins/plugin_utils/_vllm_tuning.py).
+"""Tables for the vllm role's tuning functions (plugins/plugin_utils/_vllm_*.py).
 
 The seed's numbers: a 32 GB card with two 4K HDR Plex transcodes at 2 GB and 0.8 GB of
 driver headroom gives 0.85; 64k over a 32k window is a YaRN factor of 2.0; an 8G cap killed
@@ -11,25 +11,33 @@ import json
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
-    SEED_MEMORY_LESSON,
-    ModelSpec,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
+    vllm_context,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
     VllmTuningError,
     VllmTypeError,
-    compose_command,
-    gpu_memory_utilization,
     human_size,
-    model_spec,
     parse_number,
-    parse_reservations,
     parse_size,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
+    SEED_MEMORY_LESSON,
+    ModelSpec,
+    model_spec,
     required_host_memory,
     resolve_model,
-    vllm_context,
     vllm_memory_cap,
     vllm_model_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
+    compose_command,
     vllm_plan,
     vllm_serve_args,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_utilization import (
+    gpu_memory_utilization,
+    parse_reservations,
 )
 
 GIB = 1024**3

@@ -1,5 +1,5 @@
 """Tables for YaRN's ``--hf-overrides`` (``vllm_context``, ``start_window`` and
-``image_transformers`` in plugins/plugin_utils/_vllm_tuning.py), issue 28.
+``image_transformers`` in plugins/plugin_utils/_vllm_context.py), issue 28.
 
 Two facts decide the override's shape:
 
@@ -26,19 +26,25 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_tuning import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
     KNOWN_IMAGE_TRANSFORMERS,
-    LADDER_SETTINGS_KEYS,
-    SETTINGS_KEYS,
     VLLM_START_RULES,
-    VllmTuningError,
-    VllmTypeError,
     apply_overrides,
     image_transformers,
     known_image_transformers,
-    resolve_model,
     start_window,
     vllm_context,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
+    VllmTuningError,
+    VllmTypeError,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
+    resolve_model,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
+    LADDER_SETTINGS_KEYS,
+    SETTINGS_KEYS,
     vllm_plan_ladder,
 )
 
