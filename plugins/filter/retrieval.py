@@ -1,6 +1,6 @@
 # Copyright: contributors to cardshare.gpuhost
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters for the ``retrieval`` role: thin shells over ``plugin_utils._retrieval``.
+"""Filters for the ``retrieval`` role: thin shells over ``plugin_utils._retrieval_*``.
 
 Each filter is documented in its own ``<filter name>.yml`` beside this file.  The cost model,
 the guards and their validation live in the pure functions; here their errors become
@@ -13,18 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._filter_errors import filter_errors
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_graph import (
+    retrieval_graph_guards,
+    retrieval_graph_guards_check,
+    retrieval_graph_settings_check,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     DEFAULT_HEADROOM,
     DEFAULT_MAX_ALLOWED_CHUNKS,
     DEFAULT_MAX_POSITION_EMBEDDINGS,
     DEFAULT_NUM_STREAMS,
     RetrievalError,
-    retrieval_graph_guards,
-    retrieval_graph_guards_check,
-    retrieval_graph_settings_check,
-    retrieval_memory_plan,
-    retrieval_rerank_probe,
-    retrieval_reservation_check,
 )
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s import (
     claim_problems,
@@ -32,8 +31,13 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s i
     k8s_pod_verdict,
     k8s_reply_states,
 )
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
+    retrieval_memory_plan,
+    retrieval_reservation_check,
+)
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
     MODELS_MOUNT,
+    retrieval_rerank_probe,
     retrieval_servable_states,
     retrieval_servables,
     retrieval_server_errors,

@@ -41,7 +41,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import RetrievalError
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
+    RetrievalError,
+)
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
     retrieval_servable_states,
 )

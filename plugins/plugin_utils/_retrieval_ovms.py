@@ -32,23 +32,32 @@ model's default version: the highest version whose state is ``AVAILABLE``
 ``specific``), the server loads only those; the served version is then the highest pinned
 one that is ``AVAILABLE``. A graph the server refused reads ``LOADING`` with the error code
 ``FAILED_PRECONDITION`` and stays so until its files change: waiting longer does not help.
+
+The rerank probe
+================
+
+The role sends the server one fixed rerank request, one relevant document among unrelated
+ones; :func:`retrieval_rerank_probe` judges the answer: a cross-encoder ranks the relevant one
+first with a clear margin.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     RetrievalError,
     RetrievalTypeError,
 )
 
 __all__ = [
     "DEFAULT_GRAPH",
+    "retrieval_rerank_probe",
     "retrieval_servable_states",
     "retrieval_servables",
     "retrieval_server_errors",
@@ -342,3 +351,65 @@ def retrieval_server_errors(log: object, limit: int = 8) -> list[str]:
         if match and match.group("level") in ("error", "critical"):
             found.append(f"{match.group('logger')}: {match.group('message')[:400]}")
     return found[-limit:] if limit > 0 else []
+
+
+# --------------------------------------------------------------------------- the probe
+
+NOISE_SCORE = 1e-6  # an LLM-style reranker in a cross-encoder slot scores about 1e-9..1e-12
+MIN_SEPARATION = 0.1
+
+
+def retrieval_rerank_probe(
+    response: object, relevant_index: object, documents: object
+) -> list[str]:
+    """What is wrong with the answer to the role's fixed rerank probe; empty when it ranks.
+
+    The probe sends one relevant document and several unrelated ones.  A reranker that works
+    as a cross-encoder puts the relevant one first with a clear margin.  Refused: an answer
+    that is not ``{"results": [{"index", "relevance_score"}]}`` for every document; every
+    score below ``1e-6`` (an LLM-style reranker pressed into a cross-encoder slot answers
+    1e-9..1e-12 for all); the relevant document not first; a margin over the next below 0.1.
+    """
+    if not isinstance(documents, int) or isinstance(documents, bool) or documents < 2:
+        raise RetrievalError(f"documents: got {documents!r}; the probe sends 2 or more")
+    if not isinstance(relevant_index, int) or not 0 <= relevant_index < documents:
+        raise RetrievalError(f"relevant_index: got {relevant_index!r}; give 0..{documents - 1}")
+    results = response.get("results") if isinstance(response, dict) else None
+    if not isinstance(results, list):
+        return [f"the answer has no results list: {str(response)[:200]}"]
+    scores: dict[int, float] = {}
+    for item in results:
+        index = item.get("index") if isinstance(item, dict) else None
+        score = item.get("relevance_score") if isinstance(item, dict) else None
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not isinstance(score, (int, float))
+            or isinstance(score, bool)
+            or not math.isfinite(score)
+        ):
+            return [f"a result is not {{index, relevance_score}}: {str(item)[:200]}"]
+        scores[index] = float(score)
+    if sorted(scores) != list(range(documents)):
+        return [f"the results score documents {sorted(scores)}, expected 0..{documents - 1}"]
+    ranked = sorted(scores, key=lambda i: -scores[i])
+    shown = ", ".join(f"{i}: {scores[i]:.3g}" for i in ranked)
+    if max(scores.values()) < NOISE_SCORE:
+        return [
+            f"every score is below {NOISE_SCORE:g} ({shown}): a ranking made of noise, the "
+            "signature of an LLM-style reranker in a cross-encoder slot; serve a cross-encoder "
+            "(bge-reranker-v2-m3 exported with export_model.py rerank_ov)"
+        ]
+    problems: list[str] = []
+    if ranked[0] != relevant_index:
+        problems.append(
+            f"the relevant document {relevant_index} is not first (scores by rank: {shown})"
+        )
+    else:
+        margin = scores[ranked[0]] - scores[ranked[1]]
+        if margin < MIN_SEPARATION:
+            problems.append(
+                f"the relevant document leads by {margin:.3g}, less than {MIN_SEPARATION}: no "
+                f"separation (scores by rank: {shown})"
+            )
+    return problems

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped,unused-ignore]
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
     retrieval_memory_plan,
 )
 from role_playbook import WRITE_OUTCOMES, run_cases

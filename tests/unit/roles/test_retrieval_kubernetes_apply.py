@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_graph import (
     retrieval_graph_guards,
 )
 from role_playbook import WRITE_OUTCOMES, run_cases

@@ -1,4 +1,5 @@
-"""The rerank graph's batch guards (plugins/plugin_utils/_retrieval.py, retrieval_graph_guards).
+"""The rerank graph's batch guards (plugins/plugin_utils/_retrieval_graph.py,
+retrieval_graph_guards).
 
 Where the fixtures' shape comes from: OpenVINO Model Server release v2026.2.1 (commit
 1122f03bfe999ccfb9a3abfdb0f94b8954ee3b31, the release seed 000 serves), file
@@ -20,11 +21,13 @@ import re
 import pytest
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.retrieval import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
-    RetrievalError,
-    RetrievalTypeError,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_graph import (
     retrieval_graph_guards,
     retrieval_graph_guards_check,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
+    RetrievalError,
+    RetrievalTypeError,
 )
 
 FILTERS = FilterModule().filters()

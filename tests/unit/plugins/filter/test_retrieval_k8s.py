@@ -25,14 +25,16 @@ import kubernetes_validate  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.retrieval import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     RetrievalError,
-    retrieval_memory_plan,
 )
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_k8s import (
     claim_problems,
     k8s_manifests,
     seed_script,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
+    retrieval_memory_plan,
 )
 
 FILTERS = FilterModule().filters()

@@ -1,4 +1,5 @@
-"""The retrieval role's memory cap (plugins/plugin_utils/_retrieval.py, retrieval_memory_plan).
+"""The retrieval role's memory cap (plugins/plugin_utils/_retrieval_memory.py,
+retrieval_memory_plan).
 
 Every measured number below comes from seed 000, "Retrieval on the idle iGPUs", section
 "Update, September 2026: the reranker took the whole server down":
@@ -24,11 +25,13 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.retrieval import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
-    BASELINE_BYTES,
-    CALIBRATION_TOLERANCE,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     RetrievalError,
     RetrievalTypeError,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
+    BASELINE_BYTES,
+    CALIBRATION_TOLERANCE,
     call_bytes,
     retrieval_memory_plan,
     sequence_peak_bytes,

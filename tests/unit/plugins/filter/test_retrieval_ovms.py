@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     RetrievalError,
     RetrievalTypeError,
 )

@@ -12,10 +12,16 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.retrieval import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
-    RetrievalError,
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_graph import (
     retrieval_graph_settings_check,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
+    RetrievalError,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
     retrieval_memory_plan,
+)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_ovms import (
     retrieval_rerank_probe,
 )
 
@@ -149,7 +155,7 @@ def test_a_given_watchdog_bound_and_one_below_the_weights() -> None:
 
 
 def test_the_card_reservation_must_hold_the_worst_sequence() -> None:
-    from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval import (
+    from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_memory import (
         retrieval_reservation_check,
     )
 
