@@ -201,9 +201,13 @@ ok:
 from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]  # noqa: E402
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe import (  # noqa: E402
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_diagnose import (  # noqa: E402
     diagnose,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_gather import (  # noqa: E402
     gather,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_parse import (  # noqa: E402
     normalise_device_id,
     parse_sysfs_hex,
 )

@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe import (
-    AliasEntry,
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_diagnose import (
     Problem,
+    diagnose,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_parse import (
+    AliasEntry,
     UcStatus,
     aggregate_uc,
-    diagnose,
     fdinfo_key_families,
     fdinfo_report,
     id_forms,
