@@ -74,10 +74,11 @@ size of the models.
 
 The module runs the copy under that bound in a transient systemd scope
 (:func:`scope_argv`: ``systemd-run --scope -p MemoryMax=<bound>``): the child is the
-interpreter reading this file's source on its standard input (:func:`child_argv`,
-:func:`main`), its answer one JSON line on its standard output
-(:func:`parse_child_output`).  Where systemd does not run the host, the module says so and
-seeds without the bound (or fails, with ``memory_bound=required``).
+interpreter reading a program on its standard input that defines the seed's modules from
+their sources and runs :func:`main` (:func:`child_argv`, :func:`child_program`), its answer
+one JSON line on its standard output (:func:`parse_child_output`).  Where systemd does not
+run the host, the module says so and seeds without the bound (or fails, with
+``memory_bound=required``).
 
 What it never does: open a device.  Seeding holds no GPU; it runs on the host, outside the
 server's container, and the card's arbiter never sees it.
@@ -121,6 +122,7 @@ __all__ = [
     "bound_method",
     "check_tree_relation",
     "child_argv",
+    "child_program",
     "copy_file",
     "copy_order",
     "diff_of",
@@ -129,7 +131,6 @@ __all__ = [
     "main",
     "marker_document",
     "memory_bound_bytes",
-    "own_source",
     "parse_child_output",
     "parse_marker",
     "plan_seed",
@@ -1183,21 +1184,41 @@ def scope_argv(systemd_run: str, bound: int, dest: str) -> list[str]:
 
 
 def child_argv(python: str, options: SeedOptions, diff: bool = False) -> list[str]:
-    """The child seed: ``python`` reading this module's source on standard input (see
-    :func:`own_source`), ``{"options": ..., "diff": ...}`` as JSON in its only argument."""
+    """The child seed: ``python`` reading :func:`child_program` on standard input,
+    ``{"options": ..., "diff": ...}`` as JSON in its only argument."""
     request = {"options": options.to_params(), "diff": diff}
     return [python, "-I", "-", json.dumps(request, sort_keys=True)]
 
 
-def own_source() -> str | None:
-    """This module's source (from a file or AnsiballZ's zip), or None when it cannot be read."""
-    module = sys.modules.get(__name__)
-    if module is None:
-        return None
-    try:
-        return inspect.getsource(module)
-    except (OSError, TypeError):
-        return None
+# The child's program: standard library only.  It defines each module of the seed from its
+# source, under the module's own name (so that their imports of one another find it), in the
+# order given (each after those it imports), then runs the last one's main.
+_CHILD_PROGRAM = """\
+import json, sys, types
+for name, source in json.loads({modules!r}):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+raise SystemExit(module.main(sys.argv[1:]))
+"""
+
+
+def _child_modules() -> list[Any]:
+    """The modules the child runs, each after those it imports; the last holds :func:`main`."""
+    return [sys.modules[__name__]]
+
+
+def child_program() -> str | None:
+    """The child's program with the source of each of its modules (read from their files or
+    from AnsiballZ's zip, where the module imported them from), or None when one cannot be
+    read."""
+    sources = []
+    for module in _child_modules():
+        try:
+            sources.append((module.__name__, inspect.getsource(module)))
+        except (OSError, TypeError):
+            return None
+    return _CHILD_PROGRAM.format(modules=json.dumps(sources))
 
 
 def parse_child_output(rc: int, out: str, err: str, bound: int) -> dict[str, Any]:
@@ -1254,7 +1275,3 @@ def main(argv: Sequence[str]) -> int:
         return 1
     _answer({"failed": False, "result": result})
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -286,9 +286,9 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed import (  
     SeedError,
     bound_method,
     child_argv,
+    child_program,
     largest_source_file,
     memory_bound_bytes,
-    own_source,
     parse_child_output,
     scope_argv,
     seed,
@@ -322,8 +322,8 @@ def run_module(module: AnsibleModule) -> dict[str, Any]:
     setting = module.params["memory_bound"]
     systemd_run = module.get_bin_path("systemd-run")
     use_scope, detail = bound_method(setting, systemd_run)
-    source = own_source() if use_scope else None
-    if use_scope and source is None:
+    program = child_program() if use_scope else None
+    if use_scope and program is None:
         if setting == "required":
             raise SeedError(
                 "memory_bound: required, but the module cannot read its seed code to run it "
@@ -340,7 +340,7 @@ def run_module(module: AnsibleModule) -> dict[str, Any]:
         largest_source_file(options.src), options.chunk_size, options.flush_bytes
     )
     argv = scope_argv(systemd_run, bound, options.dest) + child_argv(sys.executable, options, diff)
-    rc, out, err = module.run_command(argv, data=source)
+    rc, out, err = module.run_command(argv, data=program)
     result = parse_child_output(rc, out, err, bound)
     result.update(
         memory_bound_enforced=True,

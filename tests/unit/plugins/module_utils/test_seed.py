@@ -12,6 +12,7 @@ and the graphs are the fixtures of ``tests/fixtures/ovms`` (see its README for t
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import errno
 import fcntl
@@ -43,12 +44,12 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed import (
     bound_method,
     check_tree_relation,
     child_argv,
+    child_program,
     copy_file,
     copy_order,
     dirty_bytes_bound,
     marker_document,
     memory_bound_bytes,
-    own_source,
     parse_child_output,
     parse_marker,
     plan_seed,
@@ -604,20 +605,43 @@ def test_parse_child_output(rc: int, out: str, err: str, expected: Any) -> None:
     assert str(caught.value) == expected
 
 
-def test_own_source_from_a_zip_like_ansiballz(tmp_path: Path) -> None:
-    """AnsiballZ imports module_utils from a zip; the child's code must still be readable."""
+def _carried(program: str) -> dict[str, str]:
+    """The modules' sources a child program carries (the argument of its ``json.loads``)."""
+    call = next(
+        node
+        for node in ast.walk(ast.parse(program))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "json.loads"
+    )
+    return dict(json.loads(ast.literal_eval(call.args[0])))
+
+
+def test_the_child_program_from_a_zip_like_ansiballz(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AnsiballZ imports module_utils from a zip; the child's program must still be read, the
+    same as from the files, with each module's source as it is."""
+    from_files = child_program()
+    assert from_files is not None
+    carried = _carried(from_files)
+    assert carried == {name: Path(sys.modules[name].__file__ or "").read_text() for name in carried}
+    package = sys.modules[child_program.__module__.rpartition(".")[0]]
+    inner = package.__name__.replace(".", "/")
     archive = tmp_path / "payload.zip"
     with zipfile.ZipFile(archive, "w") as payload:
-        payload.write(SEED_PY, "seed_from_zip.py")
-    sys.path.insert(0, str(archive))
+        for path in SEED_PY.parent.glob("_*.py"):
+            payload.write(path, f"{inner}/{path.name}")
+    monkeypatch.setattr(package, "__path__", [f"{archive}/{inner}"])
+    prefix = f"{package.__name__}."
+    for name in [name for name in sys.modules if name.startswith(prefix)]:
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delattr(package, name[len(prefix) :], raising=False)
     try:
-        zipped = importlib.import_module("seed_from_zip")
+        zipped = importlib.import_module(child_program.__module__)
         assert ".zip" in (zipped.__file__ or "")
-        assert zipped.own_source() == SEED_PY.read_text()
+        assert zipped.child_program() == from_files
     finally:
-        sys.path.remove(str(archive))
-        sys.modules.pop("seed_from_zip", None)
-    assert own_source() == SEED_PY.read_text()
+        for name in [name for name in sys.modules if name.startswith(prefix)]:
+            del sys.modules[name]
 
 
 # --- real trees ----------------------------------------------------------------------------
@@ -1083,10 +1107,10 @@ def test_each_file_is_synced_and_dropped_before_the_next_and_the_marker_is_last(
 
 
 def _kill_mid_copy(options: SeedOptions, part_dir: Path, full_size: int) -> tuple[int, int]:
-    """Run the seed as the module's child runs it (this module's source on the interpreter's
+    """Run the seed as the module's child runs it (its program on the interpreter's
     standard input) and SIGKILL it while it writes the large file; (returncode, bytes of the
     large file's temporary copy at the kill), or (returncode, -1) if the copy won the race."""
-    source = own_source()
+    source = child_program()
     assert source is not None
     proc = subprocess.Popen(
         child_argv(sys.executable, options),
@@ -1155,7 +1179,7 @@ def test_the_child_holds_one_chunk_not_the_file(tmp_path: Path) -> None:
     cache is not RSS; this measures what the bound's fixed part must hold)."""
     src = export_tree(tmp_path / "gpu", big=64 * MIB)
     options = opts(src, tmp_path / "models")
-    source = own_source()
+    source = child_program()
     assert source is not None
     probe = (
         "import resource, subprocess, sys\n"
