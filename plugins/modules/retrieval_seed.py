@@ -278,21 +278,27 @@ import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]  # noqa: E402
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed import (  # noqa: E402
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_FLUSH_BYTES,
-    DEFAULT_MARKER,
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_bound import (  # noqa: E402
     MEMORY_BOUND_CHOICES,
-    SeedError,
     bound_method,
     child_argv,
     child_program,
     largest_source_file,
-    memory_bound_bytes,
     parse_child_output,
     scope_argv,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import (  # noqa: E402
     seed,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_options import (  # noqa: E402
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_FLUSH_BYTES,
+    DEFAULT_MARKER,
+    SeedError,
     validate_options,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_plan import (  # noqa: E402
+    memory_bound_bytes,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Seeding an exported model repository (plugins/module_utils/_seed.py): the pure plan and
+"""Seeding an exported model repository (plugins/module_utils/_seed_*.py): the pure plan and
 checks in tables, then real trees in temporary directories, the order of the system calls,
 and a seed killed mid-copy.
 
@@ -31,35 +31,43 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.module_utils import _seed
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed import (
+from ansible_collections.cardshare.gpuhost.plugins.module_utils import _seed_copy
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_bound import (
+    bound_method,
+    child_argv,
+    child_program,
+    parse_child_output,
+    scope_argv,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import (
+    copy_file,
+    seed,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_options import (
     DEFAULT_MARKER,
     MIB,
-    RUNTIME_ALLOWANCE,
     DestEntry,
     FileRecord,
     MarkerState,
     SeedError,
     SeedOptions,
-    bound_method,
     check_tree_relation,
-    child_argv,
-    child_program,
-    copy_file,
+    validate_options,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_plan import (
+    RUNTIME_ALLOWANCE,
     copy_order,
     dirty_bytes_bound,
-    marker_document,
     memory_bound_bytes,
-    parse_child_output,
-    parse_marker,
     plan_seed,
-    scope_argv,
-    seed,
-    validate_options,
+)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_trees import (
+    marker_document,
+    parse_marker,
 )
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ovms"
-SEED_PY = Path(_seed.__file__)
+SEED_PY = Path(_seed_copy.__file__)
 EMBED, RERANK = "bge-m3", "bge-reranker-v2-m3"
 JOURNAL = DEFAULT_MARKER + ".partial"
 
@@ -948,7 +956,7 @@ def test_a_full_volume_leaves_no_marker_and_the_next_run_completes(
     src, dest = trees
     seed(opts(src, dest))
     new = export_tree(tmp_path / "exports" / "r2" / "gpu", revision="r2")
-    real = _seed._write_all
+    real = _seed_copy._write_all
 
     def full(fd: int, data: memoryview) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
@@ -956,7 +964,7 @@ def test_a_full_volume_leaves_no_marker_and_the_next_run_completes(
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(_seed, "_write_all", full)
+    monkeypatch.setattr(_seed_copy, "_write_all", full)
     assert refusal(new, dest, revision="r2") == (
         f"dest: cannot seed {dest}: No space left on device; dest is left without a marker and "
         "the next run verifies it and completes the seed"
@@ -964,7 +972,7 @@ def test_a_full_volume_leaves_no_marker_and_the_next_run_completes(
     assert not (dest / DEFAULT_MARKER).exists()
     assert json.loads((dest / JOURNAL).read_text())["revision"] == "r2"
     assert leftovers(dest) == []
-    monkeypatch.setattr(_seed, "_write_all", real)
+    monkeypatch.setattr(_seed_copy, "_write_all", real)
     result = seed(opts(new, dest, "r2"))
     assert result["interrupted_revision"] == "r2" and result["previous_revision"] is None
     assert result["plan"]["replace"] == [f"{RERANK}/openvino_model.bin"]  # bge-m3's was done

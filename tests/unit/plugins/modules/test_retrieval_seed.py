@@ -26,7 +26,7 @@ import yaml  # type: ignore[import-untyped]
 from ansible.module_utils import basic  # type: ignore[import-untyped]
 from ansible.utils.plugin_docs import add_fragments  # type: ignore[import-untyped]
 from ansible_collections.cardshare.gpuhost.plugins.doc_fragments import attributes
-from ansible_collections.cardshare.gpuhost.plugins.module_utils import _seed
+from ansible_collections.cardshare.gpuhost.plugins.module_utils import _seed_bound
 from ansible_collections.cardshare.gpuhost.plugins.modules import retrieval_seed
 from gpuhost_sim import FailJson
 
@@ -62,7 +62,7 @@ def files(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def no_systemd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A host systemd does not run, whatever runs these tests."""
-    monkeypatch.setattr(_seed, "SYSTEMD_RUNTIME_DIR", str(tmp_path / "no-run-systemd-system"))
+    monkeypatch.setattr(_seed_bound, "SYSTEMD_RUNTIME_DIR", str(tmp_path / "no-run-systemd-system"))
 
 
 @pytest.fixture
@@ -137,8 +137,8 @@ def test_seed_then_nothing_to_do(
     assert (first["files_copied"], first["bytes_copied"]) == (6, sum(map(len, files(src).values())))
     assert first["memory_bound_enforced"] is False
     assert first["memory_bound_detail"] == (
-        f"systemd does not run this host (no {_seed.SYSTEMD_RUNTIME_DIR}): the seed ran without "
-        "a memory bound"
+        f"systemd does not run this host (no {_seed_bound.SYSTEMD_RUNTIME_DIR}): the seed ran "
+        "without a memory bound"
     )
     assert first["marker"] == str(dest / MARKER)
     assert "warnings" not in first and warnings == []
@@ -233,7 +233,9 @@ def test_refusals_change_nothing(
     before = files(src)
     with pytest.raises(FailJson) as caught:
         run_module(retrieval_seed.main, {**args(src, dest), **given})
-    assert caught.value.result["msg"] == message.format(src=src, run=_seed.SYSTEMD_RUNTIME_DIR)
+    assert caught.value.result["msg"] == message.format(
+        src=src, run=_seed_bound.SYSTEMD_RUNTIME_DIR
+    )
     assert not dest.exists()
     assert files(src) == before
 
@@ -287,7 +289,7 @@ def systemd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], 
     """A host systemd runs (its runtime directory exists), with a stand-in systemd-run."""
     run = tmp_path / "run-systemd-system"
     run.mkdir()
-    monkeypatch.setattr(_seed, "SYSTEMD_RUNTIME_DIR", str(run))
+    monkeypatch.setattr(_seed_bound, "SYSTEMD_RUNTIME_DIR", str(run))
 
     def install(then: str = "exec") -> tuple[Path, Path]:
         script, log = fake_systemd_run(tmp_path, then)
