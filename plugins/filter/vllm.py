@@ -12,12 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._filter_errors import filter_errors
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
-    vllm_context,
-)
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
-    VllmTuningError,
-)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import vllm_context
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import VllmTuningError
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
     resolve_model,
     vllm_memory_cap,

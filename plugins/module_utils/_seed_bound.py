@@ -43,9 +43,7 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_options im
     SeedError,
     SeedOptions,
 )
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_trees import (
-    _walk,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_trees import _walk
 
 __all__ = [
     "MEMORY_BOUND_CHOICES",

@@ -15,9 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._rpmvercmp import (
-    uname_sort_key,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._rpmvercmp import uname_sort_key
 from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_parse import (
     DEFAULT_DRIVER,
     DISPLAY_CLASS,

@@ -287,9 +287,7 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_bound impo
     parse_child_output,
     scope_argv,
 )
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import (  # noqa: E402
-    seed,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import seed  # noqa: E402
 from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_options import (  # noqa: E402
     DEFAULT_CHUNK_SIZE,
     DEFAULT_FLUSH_BYTES,

@@ -10,12 +10,8 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped,unused-ignore]
 from ansible_collections.cardshare.gpuhost.plugins.filter.vllm import FilterModule
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
-    vllm_context,
-)
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
-    VllmTuningError,
-)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import vllm_context
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import VllmTuningError
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
     model_spec,
     resolve_model,

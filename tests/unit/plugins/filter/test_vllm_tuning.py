@@ -11,9 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import (
-    vllm_context,
-)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_context import vllm_context
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs import (
     VllmTuningError,
     VllmTypeError,

@@ -39,9 +39,7 @@ from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_inputs imp
     VllmTuningError,
     VllmTypeError,
 )
-from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import (
-    resolve_model,
-)
+from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_models import resolve_model
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._vllm_plan import (
     LADDER_SETTINGS_KEYS,
     SETTINGS_KEYS,

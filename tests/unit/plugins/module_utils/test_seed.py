@@ -39,10 +39,7 @@ from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_bound impo
     parse_child_output,
     scope_argv,
 )
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import (
-    copy_file,
-    seed,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_copy import copy_file, seed
 from ansible_collections.cardshare.gpuhost.plugins.module_utils._seed_options import (
     DEFAULT_MARKER,
     MIB,

@@ -9,9 +9,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from ansible.utils.plugin_docs import add_fragments  # type: ignore[import-untyped]
 from ansible_collections.cardshare.gpuhost.plugins.doc_fragments import attributes
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_gather import (
-    probe_self_fdinfo,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_gather import probe_self_fdinfo
 from ansible_collections.cardshare.gpuhost.plugins.modules import kernel_info, xe_driver_info
 
 # The doc fragments the modules extend, by the name they give in extends_documentation_fragment.

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_gather import (
-    gather,
-)
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_gather import gather
 from ansible_collections.cardshare.gpuhost.plugins.modules import xe_driver_info
 from gpuhost_sim import BDF, NEW_KERNEL, OLD_KERNEL, FailJson, Sim, needs_mknod
 
