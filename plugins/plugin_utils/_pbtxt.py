@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# --------------------------------------------------------------------------- protobuf text
+__all__ = ["Field", "Message", "ParseError", "Parser", "Token", "integer", "unquote"]
 
 # Protobuf text format, as MediaPipe's graph parser reads it: '#' comments to the end of the
 # line; strings in single or double quotes (no newline inside); identifiers, numbers and
@@ -42,12 +42,12 @@ _ESCAPES = {
 }
 
 
-class _ParseError(Exception):
+class ParseError(Exception):
     """The graph is not protobuf text as far as the guards need to read it."""
 
 
 @dataclass(frozen=True)
-class _Token:
+class Token:
     kind: str
     text: str
     start: int
@@ -55,16 +55,16 @@ class _Token:
 
 
 @dataclass
-class _Message:
+class Message:
     """A ``{ ... }`` (or ``< ... >``) block: its braces' offsets and its fields."""
 
     open: int
     close: int
-    fields: list[_Field] = field(default_factory=list)
+    fields: list[Field] = field(default_factory=list)
 
 
 @dataclass
-class _Field:
+class Field:
     """One field: its name (``[...]`` for an extension or ``Any``), its value, its span."""
 
     name: str
@@ -72,12 +72,12 @@ class _Field:
     end: int  # after the value
     separator: str  # ',' or ';' when one follows, else ''
     after: int  # after the separator (== end without one)
-    message: _Message | None = None
-    scalar: list[_Token] = field(default_factory=list)
+    message: Message | None = None
+    scalar: list[Token] = field(default_factory=list)
 
 
-def _tokens(text: str) -> list[_Token]:
-    result: list[_Token] = []
+def _tokens(text: str) -> list[Token]:
+    result: list[Token] = []
     position = 0
     while position < len(text):
         match = _TOKEN_RE.match(text, position)
@@ -85,16 +85,16 @@ def _tokens(text: str) -> list[_Token]:
             line = text.count("\n", 0, position) + 1
             snippet = text[position : position + 10].split("\n", 1)[0]
             if text[position] in "'\"":
-                raise _ParseError(f"line {line}: unterminated string {snippet!r}")
-            raise _ParseError(f"line {line}: unexpected {snippet!r}")
+                raise ParseError(f"line {line}: unterminated string {snippet!r}")
+            raise ParseError(f"line {line}: unexpected {snippet!r}")
         kind = match.lastgroup or ""
         if kind != "space":
-            result.append(_Token(kind, match.group(), match.start(), match.end()))
+            result.append(Token(kind, match.group(), match.start(), match.end()))
         position = match.end()
     return result
 
 
-class _Parser:
+class Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.tokens = [token for token in _tokens(text) if token.kind != "comment"]
@@ -103,37 +103,37 @@ class _Parser:
     def _line(self, offset: int) -> int:
         return self.text.count("\n", 0, offset) + 1
 
-    def _peek(self) -> _Token | None:
+    def _peek(self) -> Token | None:
         return self.tokens[self.index] if self.index < len(self.tokens) else None
 
-    def _next(self, what: str) -> _Token:
+    def _next(self, what: str) -> Token:
         token = self._peek()
         if token is None:
-            raise _ParseError(f"the text ends where {what} was expected")
+            raise ParseError(f"the text ends where {what} was expected")
         self.index += 1
         return token
 
-    def _fail(self, token: _Token, what: str) -> _ParseError:
-        return _ParseError(f"line {self._line(token.start)}: expected {what}, got {token.text!r}")
+    def _fail(self, token: Token, what: str) -> ParseError:
+        return ParseError(f"line {self._line(token.start)}: expected {what}, got {token.text!r}")
 
-    def document(self) -> _Message:
-        root = _Message(open=-1, close=len(self.text))
+    def document(self) -> Message:
+        root = Message(open=-1, close=len(self.text))
         root.fields = self._fields(None)
         return root
 
-    def _fields(self, closing: str | None) -> list[_Field]:
-        fields: list[_Field] = []
+    def _fields(self, closing: str | None) -> list[Field]:
+        fields: list[Field] = []
         while True:
             token = self._peek()
             if token is None:
                 if closing is None:
                     return fields
-                raise _ParseError(f"the text ends inside a block: {closing!r} is missing")
+                raise ParseError(f"the text ends inside a block: {closing!r} is missing")
             if closing is not None and token.text == closing:
                 return fields
             fields.append(self._field())
 
-    def _field(self) -> _Field:
+    def _field(self) -> Field:
         first = self._next("a field name")
         if first.kind == "word":
             name = first.text
@@ -152,7 +152,7 @@ class _Parser:
         token = self._peek()
         if token is not None and token.text == ":":
             self.index += 1
-        item = _Field(name=name, start=first.start, end=first.end, separator="", after=0)
+        item = Field(name=name, start=first.start, end=first.end, separator="", after=0)
         self._value(item)
         token = self._peek()
         if token is not None and token.text in {",", ";"}:
@@ -163,7 +163,7 @@ class _Parser:
             item.after = item.end
         return item
 
-    def _value(self, item: _Field) -> None:
+    def _value(self, item: Field) -> None:
         token = self._next(f"a value for {item.name}")
         if token.text in _CLOSING:
             item.message = self._message(token)
@@ -182,13 +182,13 @@ class _Parser:
         else:
             raise self._fail(token, f"a value for {item.name}")
 
-    def _message(self, opening: _Token) -> _Message:
+    def _message(self, opening: Token) -> Message:
         closing = _CLOSING[opening.text]
         fields = self._fields(closing)
         end = self._next(repr(closing))
-        return _Message(open=opening.start, close=end.start, fields=fields)
+        return Message(open=opening.start, close=end.start, fields=fields)
 
-    def _list(self, opening: _Token) -> int:
+    def _list(self, opening: Token) -> int:
         """Skip a ``[a, b]`` list value (no guard is a list); the offset after its ``]``."""
         while True:
             token = self._next("']'")
@@ -212,12 +212,12 @@ def _unescape(match: re.Match[str]) -> str:
     return _ESCAPES.get(code, match.group(0))
 
 
-def _unquote(tokens: Sequence[_Token]) -> str:
+def unquote(tokens: Sequence[Token]) -> str:
     """The value of adjacent string literals (C escapes, as protobuf text reads them)."""
     return "".join(_ESCAPE_RE.sub(_unescape, token.text[1:-1]) for token in tokens)
 
 
-def _integer(tokens: Sequence[_Token]) -> int | None:
+def integer(tokens: Sequence[Token]) -> int | None:
     """The integer a scalar spells as protobuf reads an unsigned one (dec, hex, octal)."""
     if len(tokens) != 1 or tokens[0].kind != "word" or not _INTEGER_RE.match(tokens[0].text):
         return None

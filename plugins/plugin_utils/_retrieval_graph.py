@@ -21,11 +21,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._pbtxt import (
-    _integer,
-    _Message,
-    _ParseError,
-    _Parser,
-    _unquote,
+    Message,
+    ParseError,
+    Parser,
+    integer,
+    unquote,
 )
 from ansible_collections.cardshare.gpuhost.plugins.plugin_utils._retrieval_inputs import (
     _NUM_STREAMS_VARIABLE,
@@ -56,13 +56,13 @@ _OPTIONS_TYPE = "mediapipe.RerankCalculatorOVOptions"
 @dataclass
 class _RerankNode:
     label: str
-    blocks: list[_Message]
+    blocks: list[Message]
 
 
-def _calculator(node: _Message) -> str | None:
+def _calculator(node: Message) -> str | None:
     for item in node.fields:
         if item.name == "calculator" and item.scalar and item.scalar[0].kind == "string":
-            return _unquote(item.scalar)
+            return unquote(item.scalar)
     return None
 
 
@@ -73,7 +73,7 @@ def _is_rerank_options(name: str) -> bool:
     return inner == f"{_OPTIONS_TYPE}.ext" or inner.endswith(f"/{_OPTIONS_TYPE}")
 
 
-def _option_blocks(node: _Message) -> Iterator[_Message]:
+def _option_blocks(node: Message) -> Iterator[Message]:
     """``node_options { [type.googleapis.com/...Options] {...} }`` or ``options { [...ext] }``."""
     for item in node.fields:
         if item.name in {"node_options", "options"} and item.message is not None:
@@ -89,7 +89,7 @@ def _graph(text: object) -> tuple[str, list[_RerankNode], list[str]]:
         raise RetrievalTypeError(
             f"graph: expected the text of a graph.pbtxt (a string), got {kind}"
         )
-    root = _Parser(text).document()
+    root = Parser(text).document()
     nodes: list[_RerankNode] = []
     calculators: list[str] = []
     for index, item in enumerate(entry for entry in root.fields if entry.name == "node"):
@@ -101,7 +101,7 @@ def _graph(text: object) -> tuple[str, list[_RerankNode], list[str]]:
             continue
         name = next(
             (
-                _unquote(entry.scalar)
+                unquote(entry.scalar)
                 for entry in item.message.fields
                 if entry.name == "name" and entry.scalar and entry.scalar[0].kind == "string"
             ),
@@ -155,7 +155,7 @@ def retrieval_graph_guards_check(
     expected = _guards(max_allowed_chunks, max_position_embeddings)
     try:
         graph, nodes, calculators = _graph(text)
-    except _ParseError as err:
+    except ParseError as err:
         return [f"graph: cannot read it as protobuf text: {err}"]
     if not nodes:
         return [_no_rerank(calculators)]
@@ -175,7 +175,7 @@ def retrieval_graph_guards_check(
                         "OVMS refuses a graph that sets a field twice"
                     )
                 else:
-                    value = _integer(found[0].scalar)
+                    value = integer(found[0].scalar)
                     scalar = found[0].scalar
                     got = graph[scalar[0].start : scalar[-1].end] if scalar else "a block or list"
                     if value is None:
@@ -185,7 +185,7 @@ def retrieval_graph_guards_check(
     return problems
 
 
-def _indent(text: str, block: _Message) -> str:
+def _indent(text: str, block: Message) -> str:
     """The indentation of the block's fields: its first field's, else its brace's + 2."""
     if block.fields:
         start = text.rfind("\n", 0, block.fields[0].start) + 1
@@ -198,7 +198,7 @@ def _indent(text: str, block: _Message) -> str:
     return base + "  "
 
 
-def _insertions(text: str, block: _Message, missing: list[str]) -> list[tuple[int, str]]:
+def _insertions(text: str, block: Message, missing: list[str]) -> list[tuple[int, str]]:
     """Insertions, in order, that add ``missing`` (``name: value`` each) at the end of ``block``.
 
     Two insertions may share an offset (a separator after the last field, then the fields):
@@ -258,7 +258,7 @@ def retrieval_graph_guards(
     expected = _guards(max_allowed_chunks, max_position_embeddings)
     try:
         graph, nodes, calculators = _graph(text)
-    except _ParseError as err:
+    except ParseError as err:
         raise RetrievalError(f"graph: cannot read it as protobuf text: {err}") from err
     if not nodes:
         raise RetrievalError(_no_rerank(calculators))
@@ -285,7 +285,7 @@ def retrieval_graph_guards(
                     raise RetrievalError(
                         f"{where} holds a block or a list, not a number; write it as {name}: {want}"
                     )
-                if _integer(item.scalar) != want:
+                if integer(item.scalar) != want:
                     start, end = item.scalar[0].start, item.scalar[-1].end
                     edits.append((start, 0, end - start, str(want)))
             if missing:
@@ -302,7 +302,7 @@ def retrieval_graph_guards(
 # --------------------------------------------------------------------------- graph settings
 
 
-def _all_option_blocks(root: _Message) -> Iterator[tuple[str, _Message]]:
+def _all_option_blocks(root: Message) -> Iterator[tuple[str, Message]]:
     """Every calculator node's options blocks (any options type), with the node's label."""
     for index, item in enumerate(entry for entry in root.fields if entry.name == "node"):
         if item.message is None:
@@ -315,10 +315,10 @@ def _all_option_blocks(root: _Message) -> Iterator[tuple[str, _Message]]:
                         yield calculator, inner.message
 
 
-def _string_field(block: _Message, name: str) -> str | None:
+def _string_field(block: Message, name: str) -> str | None:
     for item in block.fields:
         if item.name == name and item.scalar and item.scalar[0].kind == "string":
-            return _unquote(item.scalar)
+            return unquote(item.scalar)
     return None
 
 
@@ -343,8 +343,8 @@ def retrieval_graph_settings_check(
     if target_device not in ("GPU", "CPU"):
         raise RetrievalError(f"target_device: got {target_device!r}; give 'GPU' or 'CPU'")
     try:
-        root = _Parser(text).document() if isinstance(text, str) else None
-    except _ParseError as err:
+        root = Parser(text).document() if isinstance(text, str) else None
+    except ParseError as err:
         return [f"graph: cannot read it as protobuf text: {err}"]
     if root is None:
         kind = "null" if text is None else type(text).__name__
