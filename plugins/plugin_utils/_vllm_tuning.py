@@ -140,6 +140,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--enable-auto-tool-choice": "set vllm_enable_tool_calls instead",
     "--tool-call-parser": "set tool_call_parser in the catalog entry instead",
     "--dtype": "set vllm_dtype instead",
+    "--tensor-parallel-size": "the pool's size: list its cards in xe_driver_card_jobs instead",
 }
 # The key of the RoPE dict in ``--hf-overrides`` by the major version of transformers in the
 # image: transformers 4 reads ``rope_scaling`` (``rope_theta`` stays top-level and separate);
@@ -356,7 +357,10 @@ class Reservation:
 
 
 def parse_reservations(value: object, variable: str = "vllm_reservations") -> list[Reservation]:
-    """Validate a list of ``{name, bytes, count}`` mappings (``count`` defaults to 1)."""
+    """Validate a list of ``{name, bytes, count}`` mappings (``count`` defaults to 1).
+
+    A ``pdev`` key (the card the tenant is on, ``_vllm_pool``) is allowed and not read here.
+    """
     if value is None:
         return []
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
@@ -371,7 +375,7 @@ def parse_reservations(value: object, variable: str = "vllm_reservations") -> li
             raise VllmTypeError(
                 f"{where}: expected a mapping with name, bytes and count, got {_type_name(item)}"
             )
-        unknown = sorted(str(key) for key in item if key not in {"name", "bytes", "count"})
+        unknown = sorted(str(key) for key in item if key not in {"name", "bytes", "count", "pdev"})
         if unknown:
             raise VllmTuningError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; a reservation has name, bytes "
