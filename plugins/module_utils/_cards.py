@@ -319,31 +319,44 @@ def render_node_by_path(pdev: str) -> str:
     return f"/dev/dri/by-path/pci-{pdev}-render"
 
 
+_CARD_KEYS = (
+    "card",
+    "render_node",
+    "render_node_path",
+    "vram_bytes",
+    "guc_status",
+    "huc_status",
+    "fdinfo_status",
+    "engines",
+)
+
+
 def resolve_card_jobs(
     jobs: Sequence[CardJob], cards: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The pool and the transcode card the roles that follow use, from the cards on xe.
 
     ``cards`` are the ``xe_cards`` filter's dicts.  Without an inventory (``declared``
-    false) the first card is the pool and takes transcodes, as on a one-card host.  A card
-    of the inventory that is not among ``cards`` (not on xe yet) is left out.
+    false) the first card is the pool and takes transcodes, as on a one-card host.  A card of
+    the inventory that xe does not drive yet (before a kernel update, in the check play) keeps
+    its place with what is unknown null, so the pool's size stays the inventory's.
     """
     by_bdf = {str(c.get("bdf")): c for c in cards}
 
-    def card_of(pdev: str) -> dict[str, Any] | None:
-        found = by_bdf.get(pdev)
-        if found is None:
-            return None
+    def card_of(pdev: str, device_id: str) -> dict[str, Any]:
+        found = by_bdf.get(pdev) or {
+            "bdf": pdev,
+            "device_id": device_id,
+            **dict.fromkeys(_CARD_KEYS),
+        }
         return {**found, "render_node_by_path": render_node_by_path(pdev)}
 
     if not jobs:
-        first = card_of(str(cards[0].get("bdf"))) if cards else None
+        first = card_of(str(cards[0].get("bdf")), str(cards[0].get("device_id"))) if cards else None
         return {"declared": False, "llm": [first] if first else [], "transcode": first}
-    llm = [c for c in (card_of(j.pdev) for j in jobs if j.job == LLM) if c is not None]
-    transcode = next((card_of(j.pdev) for j in jobs if j.job == TRANSCODE), None)
-    if transcode is None and not any(j.job == TRANSCODE for j in jobs):
-        transcode = llm[0] if llm else None
-    return {"declared": True, "llm": llm, "transcode": transcode}
+    llm = [card_of(j.pdev, j.device_id) for j in jobs if j.job == LLM]
+    transcode = next((card_of(j.pdev, j.device_id) for j in jobs if j.job == TRANSCODE), None)
+    return {"declared": True, "llm": llm, "transcode": transcode or llm[0]}
 
 
 def _gt_engines(gt_dir: str) -> list[str] | None:

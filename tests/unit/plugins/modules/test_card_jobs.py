@@ -226,6 +226,23 @@ def test_resolve_declared_and_default() -> None:
     # a pool without a transcode card: the pool's first card takes transcodes
     pool_only = resolve_card_jobs(parse_card_jobs(JOBS[:2]), cards)
     assert pool_only["transcode"]["bdf"] == B70_A
+    # a card xe does not drive yet keeps its place in the pool, what is unknown null
+    waiting = resolve_card_jobs(parse_card_jobs(JOBS), cards[:1])
+    assert [c["bdf"] for c in waiting["llm"]] == [B70_A, B70_B]
+    assert waiting["llm"][1] == {
+        "bdf": B70_B,
+        "device_id": "e223",
+        "card": None,
+        "render_node": None,
+        "render_node_path": None,
+        "vram_bytes": None,
+        "guc_status": None,
+        "huc_status": None,
+        "fdinfo_status": None,
+        "engines": None,
+        "render_node_by_path": "/dev/dri/by-path/pci-0000:04:00.0-render",
+    }
+    assert waiting["transcode"]["vram_bytes"] is None
 
 
 def test_render_node_by_path_refuses_a_non_address() -> None:
