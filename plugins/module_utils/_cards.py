@@ -92,7 +92,7 @@ def parse_card_jobs(value: object) -> list[CardJob]:
     """The inventory's entries, checked for shape alone (no host is read)."""
     if value is None:
         return []
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise CardJobsError(
             f"{VARIABLE} is {value!r}: give a list of cards, one mapping each, such as "
             f"[{_EXAMPLE}], or [] for a host whose one card does every job"
