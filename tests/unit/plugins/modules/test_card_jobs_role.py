@@ -8,6 +8,7 @@ one run for the whole table, one simulated tree per case.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,18 @@ PLAYBOOK = (
   tasks:
     - name: Run the preflight and keep the outcome
       block:
+        # one include per entry: a templated tasks_from is not taken per host in one run
         - name: Include the role's preflight
           ansible.builtin.include_role:
             name: cardshare.gpuhost.xe_driver
             tasks_from: preflight
+          when: case_tasks == 'preflight'
+
+        - name: Include the role's verify
+          ansible.builtin.include_role:
+            name: cardshare.gpuhost.xe_driver
+            tasks_from: verify
+          when: case_tasks == 'verify'
 
         - name: Keep what the role published
           ansible.builtin.set_fact:
@@ -54,7 +63,20 @@ JOBS: list[dict[str, Any]] = [
     {"pdev": A380, "device_id": "56a5", "job": "transcode"},
 ]
 
-# (case, how its tree is built, xe_driver_card_jobs, the outcome or the failure's message)
+THREE = {
+    "passed": True,
+    "declared": True,
+    "llm": [f"/dev/dri/by-path/pci-{B70_A}-render", f"/dev/dri/by-path/pci-{B70_B}-render"],
+    "transcode": A380,
+}
+UNREAD = (
+    "xe_driver_card_jobs[2] (0000:07:00.0) takes transcodes but its engines could not be read "
+    "(no tile*/gt*/engines in its sysfs directory): run as root, on a kernel whose xe publishes "
+    "them"
+)
+
+# (case, how its tree is built, xe_driver_card_jobs, the outcome or the failure's message);
+# a case whose name starts with "verify-" runs the role's verify instead of its preflight
 CASES: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]]] = [
     (
         "one-card-default",
@@ -67,17 +89,11 @@ CASES: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]]] = [
             "transcode": BDF,
         },
     ),
-    (
-        "three-cards",
-        "three",
-        JOBS,
-        {
-            "passed": True,
-            "declared": True,
-            "llm": [f"/dev/dri/by-path/pci-{B70_A}-render", f"/dev/dri/by-path/pci-{B70_B}-render"],
-            "transcode": A380,
-        },
-    ),
+    ("three-cards", "three", JOBS, THREE),
+    ("verify-three-cards", "three", JOBS, THREE),
+    # the A380's engines unread: not judged before any change, refused after the driver's checks
+    ("a380-engines-unread", "a380-engines-unread", JOBS, THREE),
+    ("verify-a380-engines-unread", "a380-engines-unread", JOBS, {"failed": UNREAD}),
     (
         "pool-card-not-found",
         "three",
@@ -138,12 +154,15 @@ def test_preflight_publishes_the_pool_or_refuses(tmp_path: Path) -> None:
                 b70_b_vram=24 * GIB if tree == "small-second-b70" else 32 * GIB,
                 a380_engines=tree != "a380-without-media",
             )
+        if tree == "a380-engines-unread":
+            shutil.rmtree(sim.root / "sys/bus/pci/devices" / A380 / "tile0/gt0/engines")
         before = sorted(str(p) for p in sim.root.rglob("*"))
         cases[name] = {
             "xe_driver_host_root": str(sim.root),
             "xe_driver_modules_dir": str(sim.modules_dir),
             "xe_driver_card_jobs": jobs,
             "__cardshare_check_play": True,
+            "case_tasks": "verify" if name.startswith("verify-") else "preflight",
             "__before": len(before),
         }
     outcomes = run_cases(tmp_path / "run", PLAYBOOK, cases)
