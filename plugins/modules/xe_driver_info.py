@@ -52,6 +52,16 @@ options:
     type: list
     elements: str
     default: []
+  cards:
+    description:
+      - The host's cards by PCI address, each with its job, as the role variable
+        C(xe_driver_card_jobs) gives them; each a dict of C(pdev), C(device_id) and C(job)
+        (V(llm) or V(transcode)).
+      - When set, each card is diagnosed by its own address and id (a card missing, or another
+        id at its address, is a problem) and O(expected_ids) is not used for the diagnosis.
+    type: list
+    elements: dict
+    default: []
   require_firmware:
     description:
       - Report GuC and HuC that are not C(RUNNING) (or could not be read) as problems.
@@ -158,6 +168,12 @@ xe_devices:
     vram_bytes:
       description: From C(tile0/physical_vram_size_bytes), or null.
       type: int
+    engines:
+      description:
+        - Engine classes xe publishes under C(tile*/gt*/engines) (C(rcs), C(bcs), C(vcs),
+          C(vecs), C(ccs)); null when none can be read (the card is not on xe).
+      type: list
+      elements: str
     guc:
       description: GuC C(status), C(firmware) file, C(gt), C(reason) when unread, C(per_gt).
       type: dict
@@ -201,6 +217,11 @@ ok:
 from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]  # noqa: E402
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._cards import (  # noqa: E402
+    diagnose_cards,
+    parse_card_jobs,
+    read_engine_classes,
+)
 from ansible_collections.cardshare.gpuhost.plugins.module_utils._xe_diagnose import (  # noqa: E402
     diagnose,
 )
@@ -218,6 +239,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "vendor_ids": {"type": "list", "elements": "str", "default": ["0x8086"]},
     "debugfs": {"type": "str", "default": "sys/kernel/debug"},
     "expected_ids": {"type": "list", "elements": "str", "default": []},
+    "cards": {"type": "list", "elements": "dict", "default": []},
     "require_firmware": {"type": "bool", "default": True},
     "require_fdinfo": {"type": "bool", "default": True},
     "firmware_package": {"type": "str", "default": "linux-firmware"},
@@ -229,6 +251,9 @@ def run_module(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     vendor_ids = [parse_sysfs_hex(v, "vendor_ids") for v in params["vendor_ids"]]
     expected = [normalise_device_id(i) for i in params["expected_ids"]]
+    cards = parse_card_jobs(params["cards"])
+    if cards:
+        expected = sorted({card.device_id for card in cards})
     facts = gather(
         host_root=params["host_root"],
         modules_dir=params["modules_dir"],
@@ -236,15 +261,28 @@ def run_module(module: AnsibleModule) -> dict[str, Any]:
         debugfs=params["debugfs"],
         expected_ids=expected,
     )
-    problems = diagnose(
-        facts["xe_devices"],
-        expected,
-        params["require_firmware"],
-        facts["running_kernel"],
-        facts["id_knowledge"],
-        require_fdinfo=params["require_fdinfo"],
-        firmware_package=params["firmware_package"],
-    )
+    for dev in facts["xe_devices"]:
+        dev["engines"] = read_engine_classes(params["host_root"], dev["bdf"])
+    if cards:
+        problems = diagnose_cards(
+            cards,
+            facts["xe_devices"],
+            params["require_firmware"],
+            facts["running_kernel"],
+            facts["id_knowledge"],
+            require_fdinfo=params["require_fdinfo"],
+            firmware_package=params["firmware_package"],
+        )
+    else:
+        problems = diagnose(
+            facts["xe_devices"],
+            expected,
+            params["require_firmware"],
+            facts["running_kernel"],
+            facts["id_knowledge"],
+            require_fdinfo=params["require_fdinfo"],
+            firmware_package=params["firmware_package"],
+        )
     return {
         "changed": False,
         **facts,

@@ -77,6 +77,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--enable-auto-tool-choice": "set vllm_enable_tool_calls instead",
     "--tool-call-parser": "set tool_call_parser in the catalog entry instead",
     "--dtype": "set vllm_dtype instead",
+    "--tensor-parallel-size": "the pool's size: list its cards in xe_driver_card_jobs instead",
 }
 
 

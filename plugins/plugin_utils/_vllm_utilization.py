@@ -47,7 +47,10 @@ class Reservation:
 
 
 def parse_reservations(value: object, variable: str = "vllm_reservations") -> list[Reservation]:
-    """Validate a list of ``{name, bytes, count}`` mappings (``count`` defaults to 1)."""
+    """Validate a list of ``{name, bytes, count}`` mappings (``count`` defaults to 1).
+
+    A ``pdev`` key (the card the tenant is on, ``_vllm_pool``) is allowed and not read here.
+    """
     if value is None:
         return []
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
@@ -62,7 +65,7 @@ def parse_reservations(value: object, variable: str = "vllm_reservations") -> li
             raise VllmTypeError(
                 f"{where}: expected a mapping with name, bytes and count, got {_type_name(item)}"
             )
-        unknown = sorted(str(key) for key in item if key not in {"name", "bytes", "count"})
+        unknown = sorted(str(key) for key in item if key not in {"name", "bytes", "count", "pdev"})
         if unknown:
             raise VllmTuningError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; a reservation has name, bytes "
