@@ -33,9 +33,10 @@ import aiohttp
 import pytest
 from conftest import CACHE, REPO, SERVED_NAME, free_port, tiny_args, vllm_env
 
+from cardshare.arbiter.common import ContainerFailure, FailureKind
 from cardshare.arbiter.config import Config, ContainerRef
 from cardshare.arbiter.edges import DockerContainers, HttpComfy, HttpLlm
-from cardshare.arbiter.engine import ContainerFailure, Engine, FailureKind
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store
 from cardshare.docker_api import DockerClient
 

@@ -18,14 +18,12 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from cardshare import exposition
+from cardshare.arbiter.common import ALERT_NAMES, Alert, is_storage_error
 from cardshare.arbiter.engine import (
-    ALERT_NAMES,
-    Alert,
     Engine,
     check_input_name,
     decode_inputs,
     image_type,
-    is_storage_error,
     storable_text,
 )
 from cardshare.arbiter.history import HistoryView

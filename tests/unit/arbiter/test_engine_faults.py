@@ -16,7 +16,8 @@ import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.engine import Alert, Engine, save_prefix, saved_file_name
+from cardshare.arbiter.common import Alert
+from cardshare.arbiter.engine import Engine, save_prefix, saved_file_name
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import MARKER_NAME, JobState, Store, StoreError
 

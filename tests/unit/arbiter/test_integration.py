@@ -21,8 +21,9 @@ from promtext import Exposition
 
 from cardshare.arbiter.api import build_app
 from cardshare.arbiter.cardview import CardClient, RecorderFileSource
+from cardshare.arbiter.common import RealClock
 from cardshare.arbiter.edges import HttpComfy, HttpLlm, HttpProxy
-from cardshare.arbiter.engine import Engine, RealClock
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store
 
 TOKEN = "s3cret-token-for-tests"

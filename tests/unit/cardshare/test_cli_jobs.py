@@ -33,7 +33,8 @@ from test_integration import running_arbiter
 
 from cardshare import cli
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.engine import Engine, RealClock
+from cardshare.arbiter.common import RealClock
+from cardshare.arbiter.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = INTEGRATION_TOKEN  # the token the running arbiter was given
