@@ -268,7 +268,7 @@ async def delete_job(request: web.Request) -> web.Response:
 def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
     """The engine's state; job ids only for a caller with the token."""
     st = engine.state
-    card = engine.last_card
+    card = engine.watch.last
     healthy, health = engine.healthy()
     hold = engine.active_hold()
     return {
@@ -284,8 +284,8 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
             "alive": engine.alive,
             "healthy": healthy,
             "health": health,
-            "heartbeat": engine.heartbeat,
-            "heartbeat_age_seconds": round(engine.heartbeat_age(), 3),
+            "heartbeat": engine.pace.heartbeat,
+            "heartbeat_age_seconds": round(engine.pace.age(), 3),
             "faults": dict(sorted(engine.faults.items())),
             "image_start_failures": engine.image_failures,
             "image_stop_failures": engine.image_stop_failures,
@@ -385,7 +385,7 @@ def metric_families(engine: Engine) -> list[Metric]:
         engine.alerts,
         ALERT_NAMES,
         faults=engine.faults,
-        heartbeat_age=engine.heartbeat_age(),
+        heartbeat_age=engine.pace.age(),
         alive=engine.alive,
         plan=engine.plan_doc(),
         tenants=[(t.name, t.kind.value, t.vram_bytes) for t in engine.tenants()],
@@ -426,7 +426,7 @@ class StatusData:
                     await asyncio.to_thread(self.history.refresh)
                     self._refreshed = mono
                 history = self.history.doc()
-        card = engine.last_card
+        card = engine.watch.last
         doc = status_doc(engine, authorized=False)
         doc.pop("current_job", None)
         doc.update(

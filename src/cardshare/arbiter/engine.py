@@ -14,7 +14,7 @@ import json
 import logging
 import shutil
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +23,15 @@ from typing import Any, TypeVar
 from cardshare.arbiter.cardview import CardDataError, CardSource, CardView
 from cardshare.arbiter.common import (
     Alert,
+    Alerts,
+    CardWatch,
     Clock,
     ContainerFailure,
     FailureKind,
+    Pace,
     RealClock,
     Result,
+    container_failure,
     is_storage_error,
 )
 from cardshare.arbiter.config import Config
@@ -77,7 +81,6 @@ from cardshare.arbiter.rules import (
     MetricsError,
     ProxyState,
     SwapObservations,
-    describe_client,
     llm_retry_delay,
     parse_proxy_state,
     parse_vllm_metrics,
@@ -99,13 +102,9 @@ from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
 from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import ContainerState, DockerError, docker_time
 from cardshare.errors import (
-    LOG_WINDOW_BYTES,
     VRAM_MAX_ATTEMPTS,
-    ErrorKind,
-    classify_tail,
     is_insufficient_vram_error,
     matched_pattern,
-    oom_killed_message,
 )
 
 log = logging.getLogger("cardshare.arbiter")
@@ -145,10 +144,11 @@ class Engine:
         self._mono_of: dict[float, float] = {}
         # conservative start: vLLM must be seen idle for idle_seconds from now (monotonic)
         self.activity = LlmActivity(last_active_at=self.clock.monotonic())
-        self.alerts: dict[str, str] = {}
-        self.faults: Counter[str] = Counter()  # alerts raised, by name, since the start
+        self.alerts = Alerts()
+        self.faults = self.alerts.raised  # alerts raised, by name, since the start
+        self.pace = Pace(self.clock)  # the heartbeat, and the time a phase waited
+        self.watch = CardWatch(self.card, self.config.llm_names)
         self.last_decision = Decision(False, ("not evaluated yet",))
-        self.last_card: CardView | None = None
         self.current_job: str | None = None
         self.llm_failures = 0
         self.llm_vram_failures = 0
@@ -167,12 +167,9 @@ class Engine:
         # memory is ahead of the database's until storage works again
         self.unwritten: str | None = None
         self.database_lost: str | None = None  # the database file deleted or replaced
-        self.heartbeat = now  # wall clock: shown
-        self.heartbeat_mono = self.clock.monotonic()  # its age is read on this
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
         self._step_job: str | None = None
-        self._waited = 0.0
         self.wake = asyncio.Event()
         # vLLM's plans: the one that runs (or starts next), and why it was chosen
         self.plan_index = 0
@@ -200,14 +197,6 @@ class Engine:
     @property
     def mode(self) -> Mode:
         return MODE_OF[self.state.phase]
-
-    def beat(self) -> None:
-        """The engine is making progress (the healthcheck reads the heartbeat's age)."""
-        self.heartbeat = self.clock.now()
-        self.heartbeat_mono = self.clock.monotonic()
-
-    def heartbeat_age(self) -> float:
-        return max(0.0, self.clock.monotonic() - self.heartbeat_mono)
 
     def mono(self, wall: float, past: bool = True) -> float:
         """A persisted wall-clock time on the monotonic clock: converted once, by its
@@ -237,42 +226,13 @@ class Engine:
                 f"{self.database_lost}: restart the arbiter to open the database at that "
                 "path again (a missing one is refused at the start, naming the fix)"
             )
-        age = self.heartbeat_age()
+        age = self.pace.age()
         if age > self.config.heartbeat_stale_seconds:
             return False, (
                 f"the engine's heartbeat is {age:.0f} s old "
                 f"(heartbeat_stale_seconds {self.config.heartbeat_stale_seconds:g})"
             )
         return True, f"heartbeat {age:.1f} s ago"
-
-    async def _sleep(self, seconds: float) -> None:
-        self.beat()
-        await self.clock.sleep(seconds)
-        self.beat()
-
-    async def _waiting(self, aw: Awaitable[T]) -> T:
-        """Await a container stop/start/readiness call, counting its time as waited."""
-        start = self.clock.monotonic()
-        try:
-            return await aw
-        finally:
-            self._waited += self.clock.monotonic() - start
-            self.beat()
-
-    async def _pause(self, seconds: float) -> None:
-        await self._waiting(self._sleep(seconds))
-
-    def _alert(self, name: Alert, message: str) -> None:
-        if self.alerts.get(name) != message:
-            log.warning("alert %s: %s", name, message)
-        if name not in self.alerts:
-            self.faults[name] += 1
-        self.alerts[name] = message
-
-    def _clear(self, *names: Alert) -> None:
-        for name in names:
-            if self.alerts.pop(name, None) is not None:
-                log.info("alert %s cleared", name)
 
     def transition(self, outcome: Outcome, reason: str) -> None:
         to = next_phase(self.state.phase, outcome)
@@ -283,7 +243,7 @@ class Engine:
         now = self.clock.now()
         try:
             self.state = self.store.transition(
-                to, outcome, reason, now, waited_seconds=self._waited
+                to, outcome, reason, now, waited_seconds=self.pace.waited
             )
         except Exception as exc:
             if not is_storage_error(exc) or to not in SAFE_WITHOUT_STORE:
@@ -291,14 +251,14 @@ class Engine:
             # the way back to vLLM never waits for the disk: taken in memory (the database's
             # phase converges on a restart, as after a kill), written once storage works
             self.unwritten = f"{to} ({outcome}: {reason})"[:300]
-            self._alert(
+            self.alerts.set(
                 Alert.STORAGE,
                 f"the database cannot be written ({type(exc).__name__}: {exc}); the card goes "
                 "back to vLLM without it, jobs are paused and new ones refused until it works",
             )
             mode_since = self.state.mode_since if MODE_OF[to] is self.mode else now
             self.state = MachineState(to, now, mode_since, self.state.swap_id, None)
-        self._waited = 0.0
+        self.pace.waited = 0.0
 
     async def _write_state(self) -> None:
         """Storage works again: the state taken in memory goes into the database."""
@@ -313,11 +273,6 @@ class Engine:
         log.info("storage works again: phase %s written", self.state.phase)
         self.unwritten = None
 
-    async def _card_view(self, newer_than: float | None) -> CardView:
-        view = await self.card.read(newer_than)
-        self.last_card = view
-        return view
-
     async def _proxy_state(self) -> tuple[ProxyState | None, str | None]:
         if self.proxy is None:
             return None, None
@@ -326,51 +281,12 @@ class Engine:
         except (Unavailable, Rejected, ValueError) as exc:
             return None, str(exc)
 
-    async def _container_failure(self, role: Role) -> ContainerFailure | None:
-        """Why the role's container is not running (OOMKilled, VRAM, exit code), else None."""
-        try:
-            st = await self.containers.state(role)
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return ContainerFailure(FailureKind.UNKNOWN, f"cannot inspect the {role} container")
-        self._clear(Alert.DOCKER)
-        # "restarting": it exited and its restart policy starts it again (Docker reports it
-        # running meanwhile): a failure all the same, read from its log
-        if st.running and st.status != "restarting":
-            return None
-        if st.oom_killed:
-            return ContainerFailure(FailureKind.OOM_KILLED, oom_killed_message(st.name or role))
-        try:  # the last start's output, bounded in bytes: the cause is mid-log in real vLLM
-            tail = await self.containers.logs_tail(role, LOG_WINDOW_BYTES, since=st.started_at)
-        except DockerError:
-            tail = ""
-        # the log as a whole: a message wrapped over two lines still matches
-        verdict = classify_tail(tail)
-        if verdict.kind is ErrorKind.INSUFFICIENT_VRAM:
-            return ContainerFailure(
-                FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {verdict.excerpt[:400]}"
-            )
-        status = st.status or "not running"
-        error = f": {verdict.excerpt[:400]}" if verdict.excerpt else ""
-        return ContainerFailure(
-            FailureKind.EXITED,
-            f"container {st.name or role} is {status} (exit code {st.exit_code}){error}",
-        )
-
-    def _others_on_card(self) -> str:
-        if self.last_card is None:
-            return "unknown"
-        others = self.last_card.others(self.config.llm_names)
-        return "; ".join(describe_client(c.name, c.vram_bytes, c.busy_engines) for c in others) or (
-            "none"
-        )
-
     def tenants(self) -> list[Tenant]:
         """The card's clients by kind, from the last card data."""
-        if self.last_card is None:
+        if self.watch.last is None:
             return []
         return tenants(
-            self.last_card,
+            self.watch.last,
             self.config.llm_names + self.config.image_names,
             self.config.resident_client_names,
             self.config.yielding_client_names,
@@ -399,7 +315,7 @@ class Engine:
 
     async def _plan_view(self, max_age: float) -> CardView | None:
         try:
-            return await self._waiting(self._card_view(self.clock.now() - max_age))
+            return await self.pace.waiting(self.watch.read(self.clock.now() - max_age))
         except CardDataError as exc:
             log.info("no card data to choose vLLM's plan: %s", exc)
             return None
@@ -479,15 +395,15 @@ class Engine:
             llm = await self.containers.state("llm")
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return False
-        self._clear(Alert.DOCKER)
+        self.alerts.drop(Alert.DOCKER)
         llm_running = llm.running
         if self.state.phase is Phase.SERVE_LLM and not llm_running and _crashed(llm):
             # the LLM died while it was the card's owner (while the arbiter was away, or as it
             # came up): reported, not quietly started again
             self.llm_failures += 1
-            self._alert(
+            self.alerts.set(
                 Alert.LLM_NOT_READY,
                 f"vLLM stopped while serving (found as the arbiter started): container "
                 f"{llm.name or 'llm'} exited with code {llm.exit_code}"
@@ -520,7 +436,7 @@ class Engine:
                 if index == 0:
                     raise
                 # a smaller plan's container missing is not a reason to stop serving
-                self._alert(Alert.DOCKER, f"plan {index} of vLLM: {exc}")
+                self.alerts.set(Alert.DOCKER, f"plan {index} of vLLM: {exc}")
         for extra in running[1:]:  # never two vLLMs on the card: keep the largest plan
             self.containers.use("llm", self.config.plan_container(extra))
             log.warning("two plans of vLLM run: stopping plan %d", extra)
@@ -553,10 +469,10 @@ class Engine:
         except asyncio.CancelledError:
             raise
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
         except Exception as exc:
             if is_storage_error(exc):
-                self._alert(
+                self.alerts.set(
                     Alert.STORAGE,
                     f"the data directory failed in {phase}: {type(exc).__name__}: {exc}; "
                     "jobs are paused and new ones refused until it works again",
@@ -564,12 +480,12 @@ class Engine:
             else:
                 log.exception("unexpected error in phase %s", phase)
                 self.faults["engine_error_steps"] += 1
-                self._alert(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
+                self.alerts.set(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
                 self._poison(exc)
         else:
             # the Docker alert clears on a Docker call that works (not on any step)
             self.step_errors = 0
-            self._clear(Alert.ENGINE_ERROR)
+            self.alerts.drop(Alert.ENGINE_ERROR)
             return True
         self.step_errors += 1
         return False
@@ -597,15 +513,15 @@ class Engine:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.alive = True
-        self.beat()
+        self.pace.beat()
         try:
             while not stop.is_set():
                 ok = await self.guarded(self.resume)
                 if ok and Alert.DOCKER not in self.alerts:
                     break
-                await self._sleep(self._backoff() or self.config.poll_interval_seconds)
+                await self.pace.sleep(self._backoff() or self.config.poll_interval_seconds)
             while not stop.is_set():
-                self.beat()
+                self.pace.beat()
                 # a storage fault pauses the jobs, not the machine: the card goes back to
                 # vLLM, and no swap to image starts until the data directory works again
                 # the database file's identity, with every heartbeat: one deleted or replaced
@@ -618,18 +534,20 @@ class Engine:
                 )
                 self.storage_paused = problem
                 if problem is not None:
-                    self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
+                    self.alerts.set(
+                        Alert.STORAGE, f"{problem}; jobs are paused and new ones refused"
+                    )
                 elif self.unwritten is None or await self.guarded(self._write_state):
-                    self._clear(Alert.STORAGE)
+                    self.alerts.drop(Alert.STORAGE)
                 if not await self.guarded(self.step):
-                    await self._sleep(self._backoff())
+                    await self.pace.sleep(self._backoff())
         finally:
             self.alive = False
 
     async def _idle_wait(self) -> None:
         """Sleep a poll interval, or less when a job arrives."""
         self.wake.clear()
-        self.beat()
+        self.pace.beat()
         sleeper = asyncio.ensure_future(self.clock.sleep(self.config.poll_interval_seconds))
         waker = asyncio.ensure_future(self.wake.wait())
         try:
@@ -637,7 +555,7 @@ class Engine:
         finally:
             for task in (sleeper, waker):
                 task.cancel()
-        self.beat()
+        self.pace.beat()
 
     # -- observations ------------------------------------------------------------------------
 
@@ -660,25 +578,27 @@ class Engine:
         card_error: str | None = None
         if queue_length > 0:
             try:
-                card = await self._card_view(self._card_floor(now))
+                card = await self.watch.read(self._card_floor(now))
             except CardDataError as exc:
                 card_error = str(exc)
-                self._alert(Alert.CARD_DATA, card_error)
+                self.alerts.set(Alert.CARD_DATA, card_error)
             else:
                 age = card.age(now)
                 if age > self.config.card_data_max_age_seconds:
-                    self._alert(
+                    self.alerts.set(
                         Alert.CARD_DATA,
                         f"card data is {age:.0f} s old even after a fresh scan (max "
                         f"{self.config.card_data_max_age_seconds:g} s): is the recorder running?",
                     )
                 else:
-                    self._clear(Alert.CARD_DATA)
-        elif self.last_card is None or self.last_card.age(now) > self.config.poll_interval_seconds:
+                    self.alerts.drop(Alert.CARD_DATA)
+        elif (
+            self.watch.last is None or self.watch.last.age(now) > self.config.poll_interval_seconds
+        ):
             # idle: the status shows the recorder's latest data (its file only: no fresh scan,
             # which would wake the card)
             try:
-                await self._card_view(None)
+                await self.watch.read(None)
             except CardDataError as exc:
                 log.debug("card data for the status: %s", exc)
         return SwapObservations(
@@ -717,7 +637,7 @@ class Engine:
         paused = {name for name, until in self.paused.items() if until > self.clock.monotonic()}
         if paused:
             floor = max(floor, self.yield_acked_at)
-            view = self.last_card
+            view = self.watch.last
             awaited = now - self.yield_acked_at < self.config.llm_release_timeout_seconds
             if (
                 awaited
@@ -740,13 +660,15 @@ class Engine:
         obs = await self.observe_for_swap()
         if obs.metrics_error is not None:
             # vLLM does not answer: exited (or killed) while serving? then start it again
-            failure = await self._container_failure("llm")
+            failure = await container_failure(self.containers, "llm", self.alerts)
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 self.llm_failures += 1
-                self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}")
+                self.alerts.set(
+                    Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}"
+                )
                 return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
-            self._clear(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
+            self.alerts.drop(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
             self.llm_stop_failures = 0
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
@@ -776,9 +698,9 @@ class Engine:
         if obs.card is None or obs.card.scanned_at >= since:
             return obs
         try:
-            card = await self._card_view(since)
+            card = await self.watch.read(since)
         except CardDataError as exc:
-            self._alert(Alert.CARD_DATA, str(exc))
+            self.alerts.set(Alert.CARD_DATA, str(exc))
             return dataclasses.replace(obs, card=None, card_error=str(exc))
         return dataclasses.replace(obs, card=card)
 
@@ -805,7 +727,7 @@ class Engine:
             return
         now = self.clock.monotonic()  # the leases' ends
         lease = self.config.yield_lease_seconds
-        on_card = {c.name for c in self.last_card.clients} if self.last_card else set()
+        on_card = {c.name for c in self.watch.last.clients} if self.watch.last else set()
         for tenant in self.config.yielding_tenants:
             until = self.paused.get(tenant.name)
             if until is not None and until - now > lease / 2:
@@ -813,7 +735,7 @@ class Engine:
             if until is None and tenant.name not in on_card:
                 continue
             try:
-                held = await self._waiting(self.yielding.pause(tenant.name, lease, reason))
+                held = await self.pace.waiting(self.yielding.pause(tenant.name, lease, reason))
             except (Unavailable, Rejected) as exc:
                 log.warning("yielding tenant %s did not ack a pause: %s", tenant.name, exc)
                 self.paused.pop(tenant.name, None)
@@ -829,7 +751,7 @@ class Engine:
             return
         for name in list(self.paused):
             try:
-                await self._waiting(self.yielding.resume(name))
+                await self.pace.waiting(self.yielding.resume(name))
             except (Unavailable, Rejected) as exc:  # its lease ends by itself
                 log.warning("yielding tenant %s: resume failed: %s", name, exc)
             self.paused.pop(name, None)
@@ -872,20 +794,20 @@ class Engine:
 
     async def _stop(self, role: Role) -> Result:
         try:
-            await self._waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
+            await self.pace.waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return Result(Outcome.FAILED, f"stopping the {role} container failed: {exc}")
-        self._clear(Alert.DOCKER)
+        self.alerts.drop(Alert.DOCKER)
         return Result(Outcome.OK, f"{role} container stopped")
 
     async def _start(self, role: Role) -> Result:
         try:
-            await self._waiting(self.containers.start(role))
+            await self.pace.waiting(self.containers.start(role))
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
-        self._clear(Alert.DOCKER)
+        self.alerts.drop(Alert.DOCKER)
         return Result(Outcome.OK, f"{role} container started")
 
     async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
@@ -899,9 +821,9 @@ class Engine:
         last = "no card data yet"
         while True:
             try:
-                view = await self._waiting(self._card_view(self.clock.now()))
+                view = await self.pace.waiting(self.watch.read(self.clock.now()))
                 if view.scanned_at >= since and released(view, names):
-                    self._clear(alert)
+                    self.alerts.drop(alert)
                     return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
                 last = (
                     f"{', '.join(names)} still hold {view.vram_of(names) / 2**30:.1f} GiB"
@@ -912,16 +834,16 @@ class Engine:
                 last = str(exc)
             if self.clock.monotonic() >= deadline:
                 message = f"memory not released after {timeout:g} s: {last}"
-                self._alert(alert, message)
+                self.alerts.set(alert, message)
                 return Result(Outcome.TIMEOUT, message)
-            await self._pause(self.config.poll_interval_seconds)
+            await self.pace.pause(self.config.poll_interval_seconds)
 
     async def _stop_llm(self) -> Result:
         result = await self._stop("llm")
         if result.outcome is Outcome.OK:
             self.llm_stop_failures = 0
             self.llm_stop_failure = ""
-            self._clear(Alert.LLM_STOP_FAILED)
+            self.alerts.drop(Alert.LLM_STOP_FAILED)
             await self._report_llm_gone_before_the_swap()
             return result
         # back to serving, and the next swap backs off: a stop Docker keeps refusing was tried
@@ -934,7 +856,7 @@ class Engine:
             self.config.llm_retry_backoff_max_seconds,
         )
         self.llm_stop_retry_at = self.clock.monotonic() + delay
-        self._alert(
+        self.alerts.set(
             Alert.LLM_STOP_FAILED,
             f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
             f"a row (last: {result.reason}); it keeps serving, next try in {delay:g} s; "
@@ -950,15 +872,15 @@ class Engine:
         the phase began was stopped by this phase (also a swap resumed after a restart of the
         arbiter) and is not reported."""
         try:
-            st = await self._waiting(self.containers.state("llm"))
+            st = await self.pace.waiting(self.containers.state("llm"))
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return
         finished = docker_time(st.finished_at)
         if st.running or finished is None or finished >= self.state.phase_since:
             return
         self.llm_failures += 1
-        self._alert(
+        self.alerts.set(
             Alert.LLM_NOT_READY,
             f"vLLM stopped while serving, before the swap to image: container "
             f"{st.name or 'llm'} exited with code {st.exit_code}; "
@@ -983,7 +905,7 @@ class Engine:
         )
         self.image_retry_at = self.clock.monotonic() + delay
         if self.image_failures >= 2:
-            self._alert(
+            self.alerts.set(
                 Alert.IMAGE_START_FAILED,
                 f"ComfyUI failed to come up {self.image_failures} times in a row "
                 f"(last: {result.reason}); next try in {delay:g} s; "
@@ -994,15 +916,15 @@ class Engine:
     async def _start_image(self) -> Result:
         result = await self._start("image")
         if result.outcome is Outcome.FAILED:
-            self._alert(Alert.IMAGE_NOT_READY, result.reason)
+            self.alerts.set(Alert.IMAGE_NOT_READY, result.reason)
             return self._image_failed(result)
         return result
 
     async def _wait_image_ready(self) -> Result:
         deadline = self.clock.monotonic() + self.config.image_ready_timeout_seconds
         while True:
-            if await self._waiting(self.comfy.ready()):
-                self._clear(
+            if await self.pace.waiting(self.comfy.ready()):
+                self.alerts.drop(
                     Alert.IMAGE_NOT_READY,
                     Alert.IMAGE_OOM_KILLED,
                     Alert.IMAGE_START_FAILED,
@@ -1013,14 +935,16 @@ class Engine:
                 self.comfy_unanswered = 0
                 self.comfy_signature = None  # a new process: no models loaded
                 return Result(Outcome.OK, "ComfyUI answers /object_info")
-            failure = await self._waiting(self._container_failure("image"))
+            failure = await self.pace.waiting(
+                container_failure(self.containers, "image", self.alerts)
+            )
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 name = (
                     Alert.IMAGE_OOM_KILLED
                     if failure.kind is FailureKind.OOM_KILLED
                     else Alert.IMAGE_NOT_READY
                 )
-                self._alert(name, f"ComfyUI did not start: {failure.message}")
+                self.alerts.set(name, f"ComfyUI did not start: {failure.message}")
                 return self._image_failed(
                     Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
                 )
@@ -1029,9 +953,9 @@ class Engine:
                     f"ComfyUI did not answer /object_info within "
                     f"{self.config.image_ready_timeout_seconds:g} s"
                 )
-                self._alert(Alert.IMAGE_NOT_READY, message)
+                self.alerts.set(Alert.IMAGE_NOT_READY, message)
                 return self._image_failed(Result(Outcome.TIMEOUT, message))
-            await self._pause(self.config.poll_interval_seconds)
+            await self.pace.pause(self.config.poll_interval_seconds)
 
     def _maybe_prewarm(self) -> None:
         """Start reading vLLM's weights once per image period: with the last job (or at the
@@ -1110,7 +1034,7 @@ class Engine:
             f"card goes back to vLLM, {self.store.queue_length()} job(s) kept queued, the next "
             f"swap to image in {wait:.0f} s"
         )
-        self._alert(Alert.IMAGE_RESTART_LIMIT, message)
+        self.alerts.set(Alert.IMAGE_RESTART_LIMIT, message)
         self.image_failures = max(self.image_failures, 1)
         self.image_retry_at = now + wait
         self.image_failure = f"{limit} restarts of ComfyUI in the last hour"
@@ -1124,16 +1048,18 @@ class Engine:
             return spent
         for call in (self.comfy.interrupt, self.comfy.clear_queue):
             try:
-                await self._waiting(call())
+                await self.pace.waiting(call())
             except (Unavailable, Rejected) as exc:  # a dead ComfyUI answers neither
                 log.info("before the restart: %s", exc)
         try:
             before = (await self.containers.state("image")).started_at
-            await self._waiting(self.containers.restart("image", self.config.stop_timeout_seconds))
+            await self.pace.waiting(
+                self.containers.restart("image", self.config.stop_timeout_seconds)
+            )
             after = await self.containers.state("image")
-            self._clear(Alert.DOCKER)
+            self.alerts.drop(Alert.DOCKER)
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return self._image_failed(
                 Result(Outcome.FAILED, f"restarting the image container failed: {exc}")
             )
@@ -1156,18 +1082,18 @@ class Engine:
             self.config.llm_retry_backoff_max_seconds,
         )
         if delay:
-            await self._pause(delay)
+            await self.pace.pause(delay)
         result = await self._stop("image")
         if result.outcome is Outcome.FAILED:
             self.image_stop_failures += 1
-            self._alert(
+            self.alerts.set(
                 Alert.IMAGE_STOP_FAILED,
                 f"ComfyUI could not be stopped ({self.image_stop_failures} tries): "
                 f"{result.reason}; vLLM stays stopped until it is",
             )
         else:
             self.image_stop_failures = 0
-            self._clear(Alert.IMAGE_STOP_FAILED)
+            self.alerts.drop(Alert.IMAGE_STOP_FAILED)
         return result
 
     async def _wait_image_release(self) -> Result:
@@ -1187,7 +1113,7 @@ class Engine:
                 self.vram_gave_up, free, self.config.vram_retry_margin_bytes
             )
             if not changed and waited < self.config.llm_retry_backoff_max_seconds:
-                await self._pause(self.config.poll_interval_seconds)
+                await self.pace.pause(self.config.poll_interval_seconds)
                 return None
             log.info(
                 "a new series of vLLM starts: %s",
@@ -1203,7 +1129,7 @@ class Engine:
                 self.config.llm_retry_backoff_max_seconds,
             )
             if delay:
-                await self._pause(delay)
+                await self.pace.pause(delay)
             free = await self._measure_free() if len(plans) > 1 else None
         if self.llm_vram_failures == 0 or self.plan_next is None:
             self.plan_attempts = []
@@ -1224,18 +1150,22 @@ class Engine:
                     return None
             elif self.llm_failures:
                 # a failed or unready vLLM: restart it from scratch
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+                await self.pace.waiting(
+                    self.containers.stop("llm", self.config.stop_timeout_seconds)
+                )
             self.plan_index = target
             self.containers.use("llm", self.config.plan_container(target))
             if len(plans) > 1 and self.llm_failures:
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+                await self.pace.waiting(
+                    self.containers.stop("llm", self.config.stop_timeout_seconds)
+                )
             self.plan_attempts.append(target)
-            await self._waiting(self.containers.start("llm"))
-            self._clear(Alert.DOCKER)
+            await self.pace.waiting(self.containers.start("llm"))
+            self.alerts.drop(Alert.DOCKER)
         except DockerError as exc:
             self.llm_failures += 1
-            self._alert(Alert.DOCKER, str(exc))
-            self._alert(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
+            self.alerts.set(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
             return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
         plan = plans[target]
         detail = (
@@ -1255,12 +1185,14 @@ class Engine:
                 continue
             self.containers.use("llm", self.config.plan_container(index))
             try:
-                running = (await self._waiting(self.containers.state("llm"))).running
+                running = (await self.pace.waiting(self.containers.state("llm"))).running
             except DockerError as exc:  # a plan without a container never ran
                 log.info("plan %d of vLLM: %s", index, exc)
                 continue
             if running:
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+                await self.pace.waiting(
+                    self.containers.stop("llm", self.config.stop_timeout_seconds)
+                )
                 stopped = True
         if not stopped:
             return True
@@ -1276,8 +1208,8 @@ class Engine:
         last = "no answer yet"
         while True:
             try:
-                await self._waiting(self.llm.health())
-                await self._waiting(self.llm.one_token())
+                await self.pace.waiting(self.llm.health())
+                await self.pace.waiting(self.llm.one_token())
             except (Unavailable, Rejected) as exc:
                 last = str(exc)
             else:
@@ -1286,14 +1218,16 @@ class Engine:
                 self.plan_next = None
                 self._end_prewarm()
                 await self._resume_yielding()
-                self._clear(
+                self.alerts.drop(
                     Alert.LLM_NOT_READY,
                     Alert.LLM_INSUFFICIENT_VRAM,
                     Alert.LLM_OOM_KILLED,
                     Alert.IMAGE_RELEASE_TIMEOUT,  # vLLM got its memory: the release is moot
                 )
                 return Result(Outcome.OK, "vLLM /health is 200 and a one-token completion passed")
-            failure = await self._waiting(self._container_failure("llm"))
+            failure = await self.pace.waiting(
+                container_failure(self.containers, "llm", self.alerts)
+            )
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 return await self._llm_start_failed(failure)
             if self.clock.monotonic() >= deadline:
@@ -1302,18 +1236,18 @@ class Engine:
                     f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
                     f"(attempt {self.llm_failures}; last: {last}); restarting it"
                 )
-                self._alert(Alert.LLM_NOT_READY, message)
+                self.alerts.set(Alert.LLM_NOT_READY, message)
                 return Result(Outcome.TIMEOUT, message)
-            await self._pause(self.config.poll_interval_seconds)
+            await self.pace.pause(self.config.poll_interval_seconds)
 
     async def _llm_start_failed(self, failure: ContainerFailure) -> Result:
         self.llm_failures += 1
         if failure.kind is FailureKind.OOM_KILLED:
-            self._alert(Alert.LLM_OOM_KILLED, failure.message)
+            self.alerts.set(Alert.LLM_OOM_KILLED, failure.message)
         elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
             return await self._vram_pass(failure)
         else:
-            self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
+            self.alerts.set(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
         return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
 
     async def _vram_pass(self, failure: ContainerFailure) -> Result:
@@ -1322,7 +1256,7 @@ class Engine:
         self.llm_vram_failures += 1
         free = await self._measure_free()
         self.restore_blocked = free
-        holders = free.describe_holders() if free is not None else self._others_on_card()
+        holders = free.describe_holders() if free is not None else self.watch.others()
         step = vram_pass(
             self.plan_index,
             self.llm_vram_failures,
@@ -1335,10 +1269,12 @@ class Engine:
             self.vram_gave_up_at = self.clock.monotonic()
             self.plan_next = None
             try:  # stopped, so that no restart policy keeps starting it meanwhile
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
+                await self.pace.waiting(
+                    self.containers.stop("llm", self.config.stop_timeout_seconds)
+                )
             except DockerError as exc:
-                self._alert(Alert.DOCKER, str(exc))
-            self._alert(
+                self.alerts.set(Alert.DOCKER, str(exc))
+            self.alerts.set(
                 Alert.LLM_INSUFFICIENT_VRAM,
                 f"vLLM could not get its memory in {self.llm_vram_failures} attempts "
                 f"(plans {tried}; last: {failure.message}); the card is held by: {holders}; "
@@ -1354,7 +1290,7 @@ class Engine:
         else:
             what = f"stepping down to plan {step.plan}"
         self.plan_next = step.plan
-        self._alert(
+        self.alerts.set(
             Alert.LLM_INSUFFICIENT_VRAM,
             f"vLLM could not get its memory ({failure.message}); attempt "
             f"{self.llm_vram_failures} of {VRAM_MAX_ATTEMPTS}: {what}; the card is held by: "
@@ -1368,10 +1304,12 @@ class Engine:
         after the jobs' phase ended."""
         await self._pause_yielding("vLLM could not get its memory at start")
         try:
-            if (await self._waiting(self.containers.state("image"))).running:
-                await self._waiting(self.containers.stop("image", self.config.stop_timeout_seconds))
+            if (await self.pace.waiting(self.containers.state("image"))).running:
+                await self.pace.waiting(
+                    self.containers.stop("image", self.config.stop_timeout_seconds)
+                )
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return
         await self._wait_release(
             self.config.image_names,
@@ -1389,7 +1327,7 @@ class Engine:
         """
         deadline = self.clock.monotonic() + self.config.job_timeout_seconds
         while True:
-            self.beat()
+            self.pace.beat()
             current = self.store.job(job.id)
             if current is None or current.state not in (JobState.QUEUED, JobState.RUNNING):
                 return None  # ended meanwhile (a poison job failed by the guard)
@@ -1417,7 +1355,7 @@ class Engine:
                 died = await self._comfy_unanswered(job, str(exc))
                 if died is not None:
                     return died
-                await self._sleep(self.config.poll_interval_seconds)
+                await self.pace.sleep(self.config.poll_interval_seconds)
                 continue
             self.comfy_unanswered = 0
             if queued is not None and queued != job.prompt_id:
@@ -1479,7 +1417,7 @@ class Engine:
                     f"({self.config.job_timeout_seconds:g})",
                 )
                 return Result(Outcome.RESTART, "a job timed out: restart ComfyUI to stop it")
-            await self._sleep(self.config.poll_interval_seconds)
+            await self.pace.sleep(self.config.poll_interval_seconds)
 
     def _answered_id(self, job: Job, got: str) -> Job:
         """ComfyUI answered the submission with another id than the one sent (an older one
@@ -1526,7 +1464,7 @@ class Engine:
         """ComfyUI did not answer a poll: dead (its container stopped) or hung (no answer
         comfyui_unanswered_polls times in a row) means a restart; else poll again."""
         self.comfy_unanswered += 1
-        failure = await self._container_failure("image")
+        failure = await container_failure(self.containers, "image", self.alerts)
         dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
         if dead or self.comfy_unanswered >= self.config.comfyui_unanswered_polls:
             return await self._comfy_died(job, detail, failure)
@@ -1631,14 +1569,14 @@ class Engine:
         running job's is, a restart after comfyui_unanswered_polls in a row, and only the
         restart counts against the job.
         """
-        failure = await self._container_failure("image")
+        failure = await container_failure(self.containers, "image", self.alerts)
         dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
         silent = isinstance(exc, Unavailable) and not isinstance(exc, _NotAnImage)
         if silent and not dead:
             self.comfy_unanswered += 1
             if self.comfy_unanswered < self.config.comfyui_unanswered_polls:
                 log.info("ComfyUI did not answer (%d in a row): %s", self.comfy_unanswered, exc)
-                await self._sleep(self.config.poll_interval_seconds)
+                await self.pace.sleep(self.config.poll_interval_seconds)
                 return False, None
         else:
             self.comfy_unanswered = 0
@@ -1652,16 +1590,16 @@ class Engine:
             return True, None
         if dead or silent:
             if failure is not None and dead:
-                self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
+                self.alerts.set(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
             return True, Result(Outcome.RESTART, f"restart ComfyUI to fetch outputs: {exc}")
-        await self._sleep(self.config.poll_interval_seconds)
+        await self.pace.sleep(self.config.poll_interval_seconds)
         return False, None
 
     def _store_outputs(self, job: Job, images: list[bytes], source: str) -> None:
         outdir = job_dir(self.config.data_dir, job.id) / "outputs"
         for n, data in enumerate(images):
             write_atomic(outdir / f"{n}.png", data, make_parents=True)
-        self._clear(Alert.IMAGE_CRASHED)
+        self.alerts.drop(Alert.IMAGE_CRASHED)
         self._finish(job, JobState.DONE, "", outputs=len(images))
         log.info("job %s: %d output(s) %s", job.id, len(images), source)
 
@@ -1679,7 +1617,7 @@ class Engine:
                 job,
                 JobState.FAILED,
                 f"insufficient VRAM after {job.attempts} attempt(s): {message}; "
-                f"others on the card: {self._others_on_card()}",
+                f"others on the card: {self.watch.others()}",
             )
             return None
         self._finish(job, JobState.FAILED, f"ComfyUI error: {message}")
@@ -1689,13 +1627,13 @@ class Engine:
         self, job: Job, detail: str, failure: ContainerFailure | None = None
     ) -> Result:
         if failure is None:
-            failure = await self._container_failure("image")
+            failure = await container_failure(self.containers, "image", self.alerts)
         reason = f"ComfyUI stopped answering ({detail})"
         if failure is not None:
             reason += f"; {failure.message}"
             if failure.kind is FailureKind.OOM_KILLED:
-                self._alert(Alert.IMAGE_OOM_KILLED, failure.message)
-        self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
+                self.alerts.set(Alert.IMAGE_OOM_KILLED, failure.message)
+        self.alerts.set(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
         if job.prompt_id is not None:
             job = self.store.set_prompt_id(job.id, None)
         # every restart counts against the job, also one before its first attempt (a look
@@ -1728,7 +1666,7 @@ class Engine:
         the prompt was submitted and at most a poll old (the arbiter's card data changes only
         by its own scans; the card is awake with the job, so a scan wakes nothing)."""
         try:
-            view = await self._card_view(
+            view = await self.watch.read(
                 max(self.job_peak_since, self.clock.now() - self.config.poll_interval_seconds)
             )
         except CardDataError:
@@ -1760,14 +1698,14 @@ class Engine:
             return
         self.store.note(job.id, f"freeing ComfyUI's memory first: {decision.reason}")
         try:
-            await self._waiting(self.comfy.free())
+            await self.pace.waiting(self.comfy.free())
         except (Unavailable, Rejected) as exc:
             log.warning("job %s: POST /free failed: %s", job.id, exc)
             return
         self.comfy_signature = None
         deadline = self.clock.monotonic() + self.config.image_release_timeout_seconds
         while self.clock.monotonic() < deadline:
-            await self._pause(self.config.poll_interval_seconds)
+            await self.pace.pause(self.config.poll_interval_seconds)
             seen = await self._reclaim_view(peak)
             if seen is None:
                 continue
@@ -1795,9 +1733,9 @@ class Engine:
         whether a job of ``peak`` needs its memory freed first (never counting another
         workflow's cached models as free); None without card data."""
         free = await self._measure_free(max_age)
-        if free is None or self.last_card is None:
+        if free is None or self.watch.last is None:
             return None
-        comfy = self.last_card.vram_of(self.config.image_names)
+        comfy = self.watch.last.vram_of(self.config.image_names)
         decision = image_reclaim(
             peak, free.total, comfy, free.held - comfy, self.config.vram_headroom_bytes, False
         )

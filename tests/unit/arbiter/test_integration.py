@@ -537,7 +537,7 @@ async def test_status_names_jobs_only_with_the_token(rig: Rig) -> None:
 async def test_health_follows_the_engine(rig: Rig) -> None:
     resp = await rig.client.get("/v1/health")
     assert (resp.status, (await resp.json())["healthy"]) == (200, True)
-    rig.engine.heartbeat_mono -= 10_000  # its age is read on the monotonic clock
+    rig.engine.pace.heartbeat_mono -= 10_000  # its age is read on the monotonic clock
     resp = await rig.client.get("/v1/health")
     assert resp.status == 503
     assert (await resp.json())["health"].startswith("the engine's heartbeat is ")
