@@ -99,6 +99,7 @@ from cardshare.arbiter.states import (
     next_phase,
 )
 from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
+from cardshare.arbiter.yielding import YieldingTenants
 from cardshare.atomicfile import write_atomic
 from cardshare.docker_api import ContainerState, DockerError, docker_time
 from cardshare.errors import (
@@ -184,9 +185,9 @@ class Engine:
         self.comfy_signature: str | None = None
         self.job_peak = 0
         self.job_peak_since = 0.0  # when the running prompt was submitted (its samples after)
-        # yielding tenants that acknowledged a pause: name -> the end of the lease
-        self.paused: dict[str, float] = {}
-        self.yield_acked_at = 0.0  # when a yielding tenant last acknowledged a pause
+        self.yielders = YieldingTenants(
+            self.config, self.yielding, self.clock, self.pace, self.watch
+        )
         # vLLM's weights read ahead while the last image job runs
         self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
         self.prewarm_report = PrewarmReport()
@@ -578,7 +579,7 @@ class Engine:
         card_error: str | None = None
         if queue_length > 0:
             try:
-                card = await self.watch.read(self._card_floor(now))
+                card = await self.watch.read(self.yielders.card_floor(now))
             except CardDataError as exc:
                 card_error = str(exc)
                 self.alerts.set(Alert.CARD_DATA, card_error)
@@ -623,29 +624,9 @@ class Engine:
             llm_stop_failure=self.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
             paused=frozenset(
-                n for n, until in self.paused.items() if until > self.clock.monotonic()
+                n for n, until in self.yielders.paused.items() if until > self.clock.monotonic()
             ),
         )
-
-    def _card_floor(self, now: float) -> float:
-        """The oldest scan a swap may be weighed on: ``card_data_max_age_seconds`` old, but
-        after the last pause a yielding tenant acknowledged, and a poll old while a paused
-        tenant still shows memory (its release is awaited, as a stop's is, for at most
-        ``llm_release_timeout_seconds`` after the acknowledgement: a tenant that keeps its
-        memory longer is looked at again only as the data ages)."""
-        floor = now - self.config.card_data_max_age_seconds
-        paused = {name for name, until in self.paused.items() if until > self.clock.monotonic()}
-        if paused:
-            floor = max(floor, self.yield_acked_at)
-            view = self.watch.last
-            awaited = now - self.yield_acked_at < self.config.llm_release_timeout_seconds
-            if (
-                awaited
-                and view is not None
-                and any(c.name in paused and c.vram_bytes > 0 for c in view.clients)
-            ):
-                floor = max(floor, now - self.config.poll_interval_seconds)
-        return floor
 
     def _next_job_peak(self) -> int | None:
         job = self.store.next_job()
@@ -676,10 +657,10 @@ class Engine:
             self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
-        if obs.queue_length > 0 and self._only_yielding_in_the_way(obs):
-            await self._pause_yielding("a swap to image: jobs are queued")
-        elif obs.queue_length == 0 and self.paused:
-            await self._resume_yielding()
+        if obs.queue_length > 0 and self.yielders.in_the_way(obs):
+            await self.yielders.pause("a swap to image: jobs are queued")
+        elif obs.queue_length == 0 and self.yielders.paused:
+            await self.yielders.resume()
         if self.plan_index > 0:
             restore = await self._restore_plan(obs)
             if restore is not None:
@@ -703,58 +684,6 @@ class Engine:
             self.alerts.set(Alert.CARD_DATA, str(exc))
             return dataclasses.replace(obs, card=None, card_error=str(exc))
         return dataclasses.replace(obs, card=card)
-
-    def _only_yielding_in_the_way(self, obs: SwapObservations) -> bool:
-        """Would the swap go if the yielding tenants stepped aside?"""
-        if self.yielding is None or obs.card is None or not self.config.yielding_tenants:
-            return False
-        names = {t.name for t in self.config.yielding_tenants}
-        if not any(c.name in names for c in obs.card.clients):
-            return False
-        without = CardView(
-            obs.card.scanned_at,
-            tuple(c for c in obs.card.clients if c.name not in names),
-            obs.card.vram_total_bytes,
-        )
-        return should_swap_to_image(
-            dataclasses.replace(obs, card=without), self.config, self.clock.now()
-        ).go
-
-    async def _pause_yielding(self, reason: str) -> None:
-        """Ask every yielding tenant on the card to step aside (renewing a lease past its
-        half); an ack within the tenant's bound is a pause, anything else leaves it a blocker."""
-        if self.yielding is None:
-            return
-        now = self.clock.monotonic()  # the leases' ends
-        lease = self.config.yield_lease_seconds
-        on_card = {c.name for c in self.watch.last.clients} if self.watch.last else set()
-        for tenant in self.config.yielding_tenants:
-            until = self.paused.get(tenant.name)
-            if until is not None and until - now > lease / 2:
-                continue
-            if until is None and tenant.name not in on_card:
-                continue
-            try:
-                held = await self.pace.waiting(self.yielding.pause(tenant.name, lease, reason))
-            except (Unavailable, Rejected) as exc:
-                log.warning("yielding tenant %s did not ack a pause: %s", tenant.name, exc)
-                self.paused.pop(tenant.name, None)
-                continue
-            if until is None or until <= now:  # a new pause, not a renewal: await its release
-                self.yield_acked_at = self.clock.now()
-            self.paused[tenant.name] = self.clock.monotonic() + lease
-            log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
-
-    async def _resume_yielding(self) -> None:
-        if self.yielding is None:
-            self.paused.clear()
-            return
-        for name in list(self.paused):
-            try:
-                await self.pace.waiting(self.yielding.resume(name))
-            except (Unavailable, Rejected) as exc:  # its lease ends by itself
-                log.warning("yielding tenant %s: resume failed: %s", name, exc)
-            self.paused.pop(name, None)
 
     async def _restore_plan(self, obs: SwapObservations) -> Result | None:
         """A smaller plan serves: back to a larger one when it fits, at an idle moment.
@@ -980,8 +909,8 @@ class Engine:
     async def _run_jobs(self) -> Result | None:
         if self.store.queue_length() <= 1:
             self._maybe_prewarm()
-        if self.paused:
-            await self._pause_yielding("image jobs run")  # renews a lease past its half
+        if self.yielders.paused:
+            await self.yielders.pause("image jobs run")  # renews a lease past its half
         if self.storage_paused is not None:
             return Result(
                 Outcome.HAND_BACK, f"jobs paused, the data directory fails: {self.storage_paused}"
@@ -1217,7 +1146,7 @@ class Engine:
                 self.llm_vram_failures = 0
                 self.plan_next = None
                 self._end_prewarm()
-                await self._resume_yielding()
+                await self.yielders.resume()
                 self.alerts.drop(
                     Alert.LLM_NOT_READY,
                     Alert.LLM_INSUFFICIENT_VRAM,
@@ -1302,7 +1231,7 @@ class Engine:
         """Before the retry: ComfyUI off the card (stopped, its release measured) and the
         yielding tenants paused. Never from under a job: vLLM starts only in the handback,
         after the jobs' phase ended."""
-        await self._pause_yielding("vLLM could not get its memory at start")
+        await self.yielders.pause("vLLM could not get its memory at start")
         try:
             if (await self.pace.waiting(self.containers.state("image"))).running:
                 await self.pace.waiting(
