@@ -303,7 +303,7 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
                 for c in card.clients
             ],
         },
-        "llm_plan": engine.plan_doc(),
+        "llm_plan": engine.reclaim.plan_doc(),
         "prewarm": engine.prewarm_report.doc(),
         "tenants": [
             {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
@@ -387,7 +387,7 @@ def metric_families(engine: Engine) -> list[Metric]:
         faults=engine.faults,
         heartbeat_age=engine.pace.age(),
         alive=engine.alive,
-        plan=engine.plan_doc(),
+        plan=engine.reclaim.plan_doc(),
         tenants=[(t.name, t.kind.value, t.vram_bytes) for t in engine.tenants()],
     )
 

@@ -46,22 +46,12 @@ from cardshare.arbiter.edges import (
     YieldingApi,
 )
 from cardshare.arbiter.plans import (
-    CONTEXT_BOUND_PATTERNS,
-    FreeVram,
-    ImageReclaim,
-    PassAction,
-    PlanChoice,
     Tenant,
-    card_changed,
-    choose_plan,
-    image_reclaim,
-    measure_free,
-    should_restore,
     tenants,
-    vram_pass,
     workflow_signature,
 )
 from cardshare.arbiter.prewarm import PrewarmReport, prewarm, read_meminfo
+from cardshare.arbiter.reclaim import Reclaim
 from cardshare.arbiter.resume import (
     JobStep,
     history_error,
@@ -84,9 +74,7 @@ from cardshare.arbiter.rules import (
     llm_retry_delay,
     parse_proxy_state,
     parse_vllm_metrics,
-    released,
     should_hand_back,
-    should_restore_plan,
     should_swap_to_image,
     update_activity,
 )
@@ -105,7 +93,6 @@ from cardshare.docker_api import ContainerState, DockerError, docker_time
 from cardshare.errors import (
     VRAM_MAX_ATTEMPTS,
     is_insufficient_vram_error,
-    matched_pattern,
 )
 
 log = logging.getLogger("cardshare.arbiter")
@@ -151,8 +138,6 @@ class Engine:
         self.watch = CardWatch(self.card, self.config.llm_names)
         self.last_decision = Decision(False, ("not evaluated yet",))
         self.current_job: str | None = None
-        self.llm_failures = 0
-        self.llm_vram_failures = 0
         self.image_failures = 0  # ComfyUI failed to come up, in a row
         self.image_retry_at = 0.0
         self.image_failure = ""
@@ -172,21 +157,23 @@ class Engine:
         self.step_errors = 0  # failed steps in a row (backoff)
         self._step_job: str | None = None
         self.wake = asyncio.Event()
-        # vLLM's plans: the one that runs (or starts next), and why it was chosen
-        self.plan_index = 0
-        self.plan_reason = "the full plan"
-        self.plan_next: int | None = None  # the plan a VRAM pass chose for the next attempt
-        self.plan_attempts: list[int] = []  # the plans tried in this start series
-        self.vram_gave_up: FreeVram | None = None  # the card when the last series gave up
-        self.vram_gave_up_at = 0.0
-        self.restore_blocked: FreeVram | None = None  # the card when a start last failed
-        # image jobs: the signature of the workflow whose models ComfyUI holds (None after a
-        # start), and ComfyUI's largest VRAM seen during the job in hand
-        self.comfy_signature: str | None = None
+        # ComfyUI's largest VRAM seen during the job in hand
         self.job_peak = 0
         self.job_peak_since = 0.0  # when the running prompt was submitted (its samples after)
         self.yielders = YieldingTenants(
             self.config, self.yielding, self.clock, self.pace, self.watch
+        )
+        self.reclaim = Reclaim(
+            self.config,
+            self.store,
+            self.containers,
+            self.comfy,
+            self.clock,
+            self.alerts,
+            self.pace,
+            self.watch,
+            self.yielders,
+            lambda: self.state.phase_since,
         )
         # vLLM's weights read ahead while the last image job runs
         self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
@@ -293,37 +280,6 @@ class Engine:
             self.config.yielding_client_names,
         )
 
-    def plan_doc(self) -> dict[str, Any]:
-        """vLLM's plan now: which, how large, and whether it is a degraded one."""
-        plan = self.config.plans[self.plan_index]
-        return {
-            "index": self.plan_index,
-            "plans": len(self.config.plans),
-            "service": plan.service,
-            "max_model_len": plan.max_model_len,
-            "gpu_memory_utilization": plan.gpu_memory_utilization,
-            "reservation_bytes": plan.reservation_bytes or None,
-            "degraded": self.plan_index > 0,
-            "reason": self.plan_reason,
-            "restore": self.config.restore_full_plan,
-        }
-
-    async def _measure_free(self, max_age: float = 0.0) -> FreeVram | None:
-        """What the card has free for vLLM, from card data at most ``max_age`` old (0: a fresh
-        scan); None when it cannot be read."""
-        view = await self._plan_view(max_age)
-        return None if view is None else self._free_in(view)
-
-    async def _plan_view(self, max_age: float) -> CardView | None:
-        try:
-            return await self.pace.waiting(self.watch.read(self.clock.now() - max_age))
-        except CardDataError as exc:
-            log.info("no card data to choose vLLM's plan: %s", exc)
-            return None
-
-    def _free_in(self, view: CardView) -> FreeVram:
-        return measure_free(view, self.config.llm_names, self.config.card_vram_bytes)
-
     # -- holds (a role's probe asks the arbiter not to swap meanwhile) ----------------------
 
     def hold_swaps(self, holder: str, seconds: float) -> float | None:
@@ -392,7 +348,7 @@ class Engine:
         """Converge the persisted phase with the containers' real states; False when the
         containers cannot be inspected (the caller retries)."""
         try:
-            await self._find_running_plan()
+            await self.reclaim.find_running_plan()
             llm = await self.containers.state("llm")
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
@@ -403,7 +359,7 @@ class Engine:
         if self.state.phase is Phase.SERVE_LLM and not llm_running and _crashed(llm):
             # the LLM died while it was the card's owner (while the arbiter was away, or as it
             # came up): reported, not quietly started again
-            self.llm_failures += 1
+            self.reclaim.llm_failures += 1
             self.alerts.set(
                 Alert.LLM_NOT_READY,
                 f"vLLM stopped while serving (found as the arbiter started): container "
@@ -422,29 +378,6 @@ class Engine:
         else:
             log.info("resume in %s: %s", self.state.phase, plan.reason)
         return True
-
-    async def _find_running_plan(self) -> None:
-        """With several plans: the one whose container runs is the llm container."""
-        if len(self.config.plans) < 2:
-            return
-        running = []
-        for index in range(len(self.config.plans)):
-            self.containers.use("llm", self.config.plan_container(index))
-            try:
-                if (await self.containers.state("llm")).running:
-                    running.append(index)
-            except DockerError as exc:
-                if index == 0:
-                    raise
-                # a smaller plan's container missing is not a reason to stop serving
-                self.alerts.set(Alert.DOCKER, f"plan {index} of vLLM: {exc}")
-        for extra in running[1:]:  # never two vLLMs on the card: keep the largest plan
-            self.containers.use("llm", self.config.plan_container(extra))
-            log.warning("two plans of vLLM run: stopping plan %d", extra)
-            await self.containers.stop("llm", self.config.stop_timeout_seconds)
-        self.plan_index = running[0] if running else 0
-        self.plan_reason = "found running as the arbiter started" if running else self.plan_reason
-        self.containers.use("llm", self.config.plan_container(self.plan_index))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -643,7 +576,7 @@ class Engine:
             # vLLM does not answer: exited (or killed) while serving? then start it again
             failure = await container_failure(self.containers, "llm", self.alerts)
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                self.llm_failures += 1
+                self.reclaim.llm_failures += 1
                 self.alerts.set(
                     Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}"
                 )
@@ -661,8 +594,8 @@ class Engine:
             await self.yielders.pause("a swap to image: jobs are queued")
         elif obs.queue_length == 0 and self.yielders.paused:
             await self.yielders.resume()
-        if self.plan_index > 0:
-            restore = await self._restore_plan(obs)
+        if self.reclaim.plan_index > 0:
+            restore = await self.reclaim.restore_plan(obs)
             if restore is not None:
                 return restore
         await self._idle_wait()
@@ -685,42 +618,6 @@ class Engine:
             return dataclasses.replace(obs, card=None, card_error=str(exc))
         return dataclasses.replace(obs, card=card)
 
-    async def _restore_plan(self, obs: SwapObservations) -> Result | None:
-        """A smaller plan serves: back to a larger one when it fits, at an idle moment.
-
-        Weighed on the recorder's data as fresh as a swap needs it (not a scan every poll:
-        each one wakes the card), and, when a larger plan fits there, confirmed on a scan made
-        then, as a swap to image is: a client that arrived since (a transcode) would make the
-        larger plan fail to start, and the agents wait through two restarts.
-        """
-        idle = should_restore_plan(obs, self.config, self.clock.now())
-        if not idle.go:
-            return None
-        began = self.clock.now()
-        view = await self._plan_view(self.config.card_data_max_age_seconds)
-        choice = None if view is None else self._restore_choice(view)
-        if view is not None and choice is not None and view.scanned_at < began:
-            view = await self._plan_view(0.0)
-            choice = None if view is None else self._restore_choice(view)
-        if choice is None:
-            return None
-        return Result(
-            Outcome.REPLAN,
-            f"plan {choice.index} fits again ({choice.reason}); {'; '.join(idle.reasons)}",
-        )
-
-    def _restore_choice(self, view: CardView) -> PlanChoice | None:
-        """The larger plan that fits on ``view``; None while the card is as it was when a
-        restore last failed for want of VRAM (it would fail the same way)."""
-        free = self._free_in(view)
-        if self.restore_blocked is not None:
-            if not card_changed(self.restore_blocked, free, self.config.vram_retry_margin_bytes):
-                return None
-            self.restore_blocked = None
-        return should_restore(
-            self.config.plans, self.plan_index, free, self.config.vram_headroom_bytes
-        )
-
     async def _stop(self, role: Role) -> Result:
         try:
             await self.pace.waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
@@ -738,34 +635,6 @@ class Engine:
             return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
         self.alerts.drop(Alert.DOCKER)
         return Result(Outcome.OK, f"{role} container started")
-
-    async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
-        """Until the named clients hold no VRAM in card data scanned after this phase began.
-
-        Each look asks for data scanned at that look (the arbiter's card data changes only
-        by its own scans): memory that lingers past one scan is seen released at a later one.
-        """
-        since = self.state.phase_since  # wall clock: weighed against the scans' times
-        deadline = self.clock.monotonic() + timeout
-        last = "no card data yet"
-        while True:
-            try:
-                view = await self.pace.waiting(self.watch.read(self.clock.now()))
-                if view.scanned_at >= since and released(view, names):
-                    self.alerts.drop(alert)
-                    return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
-                last = (
-                    f"{', '.join(names)} still hold {view.vram_of(names) / 2**30:.1f} GiB"
-                    if view.scanned_at >= since
-                    else "card data not refreshed since the stop"
-                )
-            except CardDataError as exc:
-                last = str(exc)
-            if self.clock.monotonic() >= deadline:
-                message = f"memory not released after {timeout:g} s: {last}"
-                self.alerts.set(alert, message)
-                return Result(Outcome.TIMEOUT, message)
-            await self.pace.pause(self.config.poll_interval_seconds)
 
     async def _stop_llm(self) -> Result:
         result = await self._stop("llm")
@@ -808,7 +677,7 @@ class Engine:
         finished = docker_time(st.finished_at)
         if st.running or finished is None or finished >= self.state.phase_since:
             return
-        self.llm_failures += 1
+        self.reclaim.llm_failures += 1
         self.alerts.set(
             Alert.LLM_NOT_READY,
             f"vLLM stopped while serving, before the swap to image: container "
@@ -817,7 +686,7 @@ class Engine:
         )
 
     async def _wait_llm_release(self) -> Result:
-        return await self._wait_release(
+        return await self.reclaim.wait_release(
             self.config.llm_names,
             self.config.llm_release_timeout_seconds,
             Alert.LLM_RELEASE_TIMEOUT,
@@ -862,7 +731,7 @@ class Engine:
                 self.image_failures = 0
                 self.image_failure = ""
                 self.comfy_unanswered = 0
-                self.comfy_signature = None  # a new process: no models loaded
+                self.reclaim.comfy_signature = None  # a new process: no models loaded
                 return Result(Outcome.OK, "ComfyUI answers /object_info")
             failure = await self.pace.waiting(
                 container_failure(self.containers, "image", self.alerts)
@@ -1026,111 +895,11 @@ class Engine:
         return result
 
     async def _wait_image_release(self) -> Result:
-        return await self._wait_release(
+        return await self.reclaim.wait_release(
             self.config.image_names,
             self.config.image_release_timeout_seconds,
             Alert.IMAGE_RELEASE_TIMEOUT,
         )
-
-    async def _start_llm(self) -> Result | None:
-        plans = self.config.plans
-        if self.vram_gave_up is not None:
-            # the last series gave up: stay out of llm until the card changes
-            free = await self._measure_free()
-            waited = self.clock.monotonic() - self.vram_gave_up_at
-            changed = free is not None and card_changed(
-                self.vram_gave_up, free, self.config.vram_retry_margin_bytes
-            )
-            if not changed and waited < self.config.llm_retry_backoff_max_seconds:
-                await self.pace.pause(self.config.poll_interval_seconds)
-                return None
-            log.info(
-                "a new series of vLLM starts: %s",
-                "the card changed" if changed else f"{waited:.0f} s since the last gave up",
-            )
-            self.vram_gave_up = None
-            self.llm_vram_failures = 0
-            self.llm_failures = 0  # a new series starts without the old one's backoff
-        else:
-            delay = llm_retry_delay(
-                self.llm_failures,
-                self.config.llm_retry_backoff_seconds,
-                self.config.llm_retry_backoff_max_seconds,
-            )
-            if delay:
-                await self.pace.pause(delay)
-            free = await self._measure_free() if len(plans) > 1 else None
-        if self.llm_vram_failures == 0 or self.plan_next is None:
-            self.plan_attempts = []
-            if len(plans) > 1 and free is not None:
-                choice = choose_plan(plans, free, self.config.vram_headroom_bytes)
-                target, self.plan_reason = choice.index, choice.reason
-            else:
-                target = 0 if len(plans) == 1 or free is None else self.plan_index
-                self.plan_reason = (
-                    "the only plan" if len(plans) == 1 else "no card data: the full plan"
-                )
-        else:
-            target = self.plan_next
-        self.plan_next = None
-        try:
-            if len(plans) > 1:
-                if not await self._stop_other_plans(target):
-                    return None
-            elif self.llm_failures:
-                # a failed or unready vLLM: restart it from scratch
-                await self.pace.waiting(
-                    self.containers.stop("llm", self.config.stop_timeout_seconds)
-                )
-            self.plan_index = target
-            self.containers.use("llm", self.config.plan_container(target))
-            if len(plans) > 1 and self.llm_failures:
-                await self.pace.waiting(
-                    self.containers.stop("llm", self.config.stop_timeout_seconds)
-                )
-            self.plan_attempts.append(target)
-            await self.pace.waiting(self.containers.start("llm"))
-            self.alerts.drop(Alert.DOCKER)
-        except DockerError as exc:
-            self.llm_failures += 1
-            self.alerts.set(Alert.DOCKER, str(exc))
-            self.alerts.set(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
-            return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
-        plan = plans[target]
-        detail = (
-            f" on plan {target} ({plan.max_model_len} tokens, "
-            f"{plan.gpu_memory_utilization:g} of the card): {self.plan_reason}"
-            if len(plans) > 1
-            else ""
-        )
-        return Result(Outcome.OK, f"llm container started{detail}")
-
-    async def _stop_other_plans(self, target: int) -> bool:
-        """Stop every plan's container but ``target``'s, and wait until vLLM's memory left the
-        card when one ran (a restore to a larger plan). False: its memory stayed (alerted)."""
-        stopped = False
-        for index in range(len(self.config.plans)):
-            if index == target:
-                continue
-            self.containers.use("llm", self.config.plan_container(index))
-            try:
-                running = (await self.pace.waiting(self.containers.state("llm"))).running
-            except DockerError as exc:  # a plan without a container never ran
-                log.info("plan %d of vLLM: %s", index, exc)
-                continue
-            if running:
-                await self.pace.waiting(
-                    self.containers.stop("llm", self.config.stop_timeout_seconds)
-                )
-                stopped = True
-        if not stopped:
-            return True
-        result = await self._wait_release(
-            self.config.llm_names,
-            self.config.llm_release_timeout_seconds,
-            Alert.LLM_RELEASE_TIMEOUT,
-        )
-        return result.outcome is Outcome.OK
 
     async def _wait_llm_ready(self) -> Result:
         deadline = self.clock.monotonic() + self.config.llm_ready_timeout_seconds
@@ -1142,9 +911,9 @@ class Engine:
             except (Unavailable, Rejected) as exc:
                 last = str(exc)
             else:
-                self.llm_failures = 0
-                self.llm_vram_failures = 0
-                self.plan_next = None
+                self.reclaim.llm_failures = 0
+                self.reclaim.llm_vram_failures = 0
+                self.reclaim.plan_next = None
                 self._end_prewarm()
                 await self.yielders.resume()
                 self.alerts.drop(
@@ -1160,91 +929,24 @@ class Engine:
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
                 return await self._llm_start_failed(failure)
             if self.clock.monotonic() >= deadline:
-                self.llm_failures += 1
+                self.reclaim.llm_failures += 1
                 message = (
                     f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
-                    f"(attempt {self.llm_failures}; last: {last}); restarting it"
+                    f"(attempt {self.reclaim.llm_failures}; last: {last}); restarting it"
                 )
                 self.alerts.set(Alert.LLM_NOT_READY, message)
                 return Result(Outcome.TIMEOUT, message)
             await self.pace.pause(self.config.poll_interval_seconds)
 
     async def _llm_start_failed(self, failure: ContainerFailure) -> Result:
-        self.llm_failures += 1
+        self.reclaim.llm_failures += 1
         if failure.kind is FailureKind.OOM_KILLED:
             self.alerts.set(Alert.LLM_OOM_KILLED, failure.message)
         elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
-            return await self._vram_pass(failure)
+            return await self.reclaim.vram_pass(failure)
         else:
             self.alerts.set(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
         return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
-
-    async def _vram_pass(self, failure: ContainerFailure) -> Result:
-        """An insufficient-VRAM failure at start: reclaim and retry the same plan, then one
-        plan down, then give up (at most VRAM_MAX_ATTEMPTS starts a series)."""
-        self.llm_vram_failures += 1
-        free = await self._measure_free()
-        self.restore_blocked = free
-        holders = free.describe_holders() if free is not None else self.watch.others()
-        step = vram_pass(
-            self.plan_index,
-            self.llm_vram_failures,
-            len(self.config.plans),
-            context_bound=matched_pattern(failure.message) in CONTEXT_BOUND_PATTERNS,
-        )
-        tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
-        if step.action is PassAction.GIVE_UP:
-            self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
-            self.vram_gave_up_at = self.clock.monotonic()
-            self.plan_next = None
-            try:  # stopped, so that no restart policy keeps starting it meanwhile
-                await self.pace.waiting(
-                    self.containers.stop("llm", self.config.stop_timeout_seconds)
-                )
-            except DockerError as exc:
-                self.alerts.set(Alert.DOCKER, str(exc))
-            self.alerts.set(
-                Alert.LLM_INSUFFICIENT_VRAM,
-                f"vLLM could not get its memory in {self.llm_vram_failures} attempts "
-                f"(plans {tried}; last: {failure.message}); the card is held by: {holders}; "
-                "staying out of llm until the card changes (or "
-                f"{self.config.llm_retry_backoff_max_seconds:g} s pass)",
-            )
-            return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
-        if step.action is PassAction.RETRY_AFTER_RECLAIM:
-            await self._reclaim()
-            what = f"reclaimed; retrying plan {step.plan}"
-        elif step.plan == self.plan_index:
-            what = f"retrying plan {step.plan} (no smaller plan)"
-        else:
-            what = f"stepping down to plan {step.plan}"
-        self.plan_next = step.plan
-        self.alerts.set(
-            Alert.LLM_INSUFFICIENT_VRAM,
-            f"vLLM could not get its memory ({failure.message}); attempt "
-            f"{self.llm_vram_failures} of {VRAM_MAX_ATTEMPTS}: {what}; the card is held by: "
-            f"{holders}",
-        )
-        return Result(Outcome.FAILED, f"vLLM failed to start for want of VRAM: {what}")
-
-    async def _reclaim(self) -> None:
-        """Before the retry: ComfyUI off the card (stopped, its release measured) and the
-        yielding tenants paused. Never from under a job: vLLM starts only in the handback,
-        after the jobs' phase ended."""
-        await self.yielders.pause("vLLM could not get its memory at start")
-        try:
-            if (await self.pace.waiting(self.containers.state("image"))).running:
-                await self.pace.waiting(
-                    self.containers.stop("image", self.config.stop_timeout_seconds)
-                )
-        except DockerError as exc:
-            self.alerts.set(Alert.DOCKER, str(exc))
-            return
-        await self._wait_release(
-            self.config.image_names,
-            self.config.image_release_timeout_seconds,
-            Alert.IMAGE_RELEASE_TIMEOUT,
-        )
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -1322,7 +1024,7 @@ class Engine:
                         return None
                     job = self.store.start_attempt(job.id, str(uuid.uuid4()), self.clock.now())
                 assert job.prompt_id is not None
-                await self._reclaim_for(job)
+                await self.reclaim.reclaim_for(job)
                 self.job_peak = 0
                 self.job_peak_since = self.clock.now()
                 try:
@@ -1584,7 +1286,7 @@ class Engine:
         log.info("job %s %s %s", job.id, state, reason)
         if state is JobState.DONE:
             signature = workflow_signature(job.workflow)
-            self.comfy_signature = signature
+            self.reclaim.comfy_signature = signature
             if self.job_peak > 0:
                 peak = self.store.record_workflow_peak(signature, self.job_peak, self.clock.now())
                 log.info("workflow %s: peak %d bytes (this run %d)", signature, peak, self.job_peak)
@@ -1601,74 +1303,6 @@ class Engine:
         except CardDataError:
             return
         self.job_peak = max(self.job_peak, view.vram_of(self.config.image_names))
-
-    async def _reclaim_for(self, job: Job) -> None:
-        """Before a job whose workflow ran before: when its measured peak does not fit what is
-        free because ComfyUI holds another workflow's models, ask ComfyUI to free them and wait
-        until the card data shows the release (never trusting /free's answer). Called between
-        jobs only: no prompt of the arbiter's runs in ComfyUI then."""
-        signature = workflow_signature(job.workflow)
-        if self.comfy_signature == signature:
-            return  # its own models are loaded: freeing them cannot help it
-        peak = self.store.workflow_peak(signature)
-        if peak is None:
-            return
-        # the recorder's latest data first (a fresh scan per job would slow every job down);
-        # a fresh scan only to confirm a reclaim
-        seen = await self._reclaim_view(peak, self.config.card_data_max_age_seconds)
-        if seen is None or not seen[1].free_first:
-            return
-        seen = await self._reclaim_view(peak)
-        if seen is None:
-            return
-        before, decision = seen
-        if not decision.free_first:
-            log.info("job %s: %s", job.id, decision.reason)
-            return
-        self.store.note(job.id, f"freeing ComfyUI's memory first: {decision.reason}")
-        try:
-            await self.pace.waiting(self.comfy.free())
-        except (Unavailable, Rejected) as exc:
-            log.warning("job %s: POST /free failed: %s", job.id, exc)
-            return
-        self.comfy_signature = None
-        deadline = self.clock.monotonic() + self.config.image_release_timeout_seconds
-        while self.clock.monotonic() < deadline:
-            await self.pace.pause(self.config.poll_interval_seconds)
-            seen = await self._reclaim_view(peak)
-            if seen is None:
-                continue
-            comfy, after = seen
-            # released: the job fits now, or ComfyUI gave back nine tenths of what it held
-            if not after.free_first or comfy <= before // 10:
-                log.info(
-                    "job %s: ComfyUI holds %d bytes after /free (%d before): %s",
-                    job.id,
-                    comfy,
-                    before,
-                    after.reason,
-                )
-                return
-        log.warning(
-            "job %s: ComfyUI's memory not released within %g s; running it anyway",
-            job.id,
-            self.config.image_release_timeout_seconds,
-        )
-
-    async def _reclaim_view(
-        self, peak: int, max_age: float = 0.0
-    ) -> tuple[int, ImageReclaim] | None:
-        """What ComfyUI holds in card data at most ``max_age`` old (0: a fresh scan), and
-        whether a job of ``peak`` needs its memory freed first (never counting another
-        workflow's cached models as free); None without card data."""
-        free = await self._measure_free(max_age)
-        if free is None or self.watch.last is None:
-            return None
-        comfy = self.watch.last.vram_of(self.config.image_names)
-        decision = image_reclaim(
-            peak, free.total, comfy, free.held - comfy, self.config.vram_headroom_bytes, False
-        )
-        return comfy, decision
 
     # -- jobs API helpers ---------------------------------------------------------------------
 
@@ -1697,7 +1331,7 @@ PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.RESTART_IMAGE: Engine._restart_image,
     Phase.STOP_IMAGE: Engine._stop_image,
     Phase.WAIT_IMAGE_RELEASE: Engine._wait_image_release,
-    Phase.START_LLM: Engine._start_llm,
+    Phase.START_LLM: lambda engine: engine.reclaim.start_llm(),
     Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
 }
 
