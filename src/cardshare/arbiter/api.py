@@ -19,14 +19,9 @@ from prometheus_client.metrics_core import Metric
 
 from cardshare import exposition
 from cardshare.arbiter.common import ALERT_NAMES, Alert, is_storage_error
-from cardshare.arbiter.engine import (
-    Engine,
-    check_input_name,
-    decode_inputs,
-    image_type,
-    storable_text,
-)
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.history import HistoryView
+from cardshare.arbiter.jobs import check_input_name, decode_inputs, image_type, storable_text
 from cardshare.arbiter.metrics import families
 from cardshare.arbiter.resume import SAVER_EXTENSIONS, save_nodes, unfindable_savers
 from cardshare.arbiter.statuspage import render_main, render_page
@@ -278,8 +273,8 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
         "phase_since": st.phase_since,
         "image_since": st.image_since,
         "queue_length": engine.store.queue_length(),
-        "job_running": engine.current_job is not None,
-        "current_job": engine.current_job if authorized else None,
+        "job_running": engine.jobs.current_job is not None,
+        "current_job": engine.jobs.current_job if authorized else None,
         "engine": {
             "alive": engine.alive,
             "healthy": healthy,
@@ -351,7 +346,7 @@ async def post_hold(request: web.Request) -> web.Response:
         return web.json_response(
             {
                 "error": f"the card is not at rest with the LLM (phase {engine.state.phase.value}"
-                + (", a job running" if engine.current_job else "")
+                + (", a job running" if engine.jobs.current_job else "")
                 + "): try again later",
                 "mode": engine.mode.value,
             },

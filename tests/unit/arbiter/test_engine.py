@@ -336,7 +336,7 @@ async def test_swap_timings_split_waited_and_own(tmp_path: Path) -> None:
 
 
 def test_decode_inputs_rejects_paths() -> None:
-    from cardshare.arbiter.engine import decode_inputs
+    from cardshare.arbiter.jobs import decode_inputs
 
     with pytest.raises(ValueError, match=r"^input name '../x.png' must be a plain file name: "):
         decode_inputs({"../x.png": base64.b64encode(PNG).decode()})

@@ -17,7 +17,8 @@ from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_unti
 
 from cardshare.arbiter.cardview import CardClient
 from cardshare.arbiter.common import Alert
-from cardshare.arbiter.engine import Engine, save_prefix, saved_file_name
+from cardshare.arbiter.engine import Engine
+from cardshare.arbiter.resume import save_prefix, saved_file_name
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import MARKER_NAME, JobState, Store, StoreError
 
