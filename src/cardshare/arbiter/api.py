@@ -282,8 +282,8 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
             "heartbeat": engine.pace.heartbeat,
             "heartbeat_age_seconds": round(engine.pace.age(), 3),
             "faults": dict(sorted(engine.faults.items())),
-            "image_start_failures": engine.image_failures,
-            "image_stop_failures": engine.image_stop_failures,
+            "image_start_failures": engine.swaps.image_failures,
+            "image_stop_failures": engine.swaps.image_stop_failures,
         },
         "hold": None if hold is None else {"holder": hold[0], "until": hold[1]},
         "decision": {"go": engine.last_decision.go, "reasons": list(engine.last_decision.reasons)},
@@ -299,7 +299,7 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
             ],
         },
         "llm_plan": engine.reclaim.plan_doc(),
-        "prewarm": engine.prewarm_report.doc(),
+        "prewarm": engine.swaps.prewarm_report.doc(),
         "tenants": [
             {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
             for t in engine.tenants()

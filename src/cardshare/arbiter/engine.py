@@ -12,11 +12,9 @@ import dataclasses
 import logging
 import shutil
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from cardshare.arbiter.cardview import CardDataError, CardSource, CardView
 from cardshare.arbiter.common import (
@@ -24,7 +22,6 @@ from cardshare.arbiter.common import (
     Alerts,
     CardWatch,
     Clock,
-    ContainerFailure,
     FailureKind,
     Pace,
     RealClock,
@@ -39,7 +36,6 @@ from cardshare.arbiter.edges import (
     LlmApi,
     ProxyApi,
     Rejected,
-    Role,
     Unavailable,
     YieldingApi,
 )
@@ -49,7 +45,7 @@ from cardshare.arbiter.plans import (
     tenants,
     workflow_signature,
 )
-from cardshare.arbiter.prewarm import PrewarmReport, prewarm, read_meminfo
+from cardshare.arbiter.prewarm import read_meminfo
 from cardshare.arbiter.reclaim import Reclaim
 from cardshare.arbiter.resume import (
     plan_resume,
@@ -77,14 +73,12 @@ from cardshare.arbiter.states import (
     next_phase,
 )
 from cardshare.arbiter.store import Job, MachineState, Store, job_dir
+from cardshare.arbiter.swaps import Swaps
 from cardshare.arbiter.yielding import YieldingTenants
 from cardshare.atomicfile import write_atomic
-from cardshare.docker_api import ContainerState, DockerError, docker_time
+from cardshare.docker_api import ContainerState, DockerError
 
 log = logging.getLogger("cardshare.arbiter")
-
-
-T = TypeVar("T")
 
 
 def _crashed(st: ContainerState) -> bool:
@@ -119,14 +113,6 @@ class Engine:
         self.pace = Pace(self.clock)  # the heartbeat, and the time a phase waited
         self.watch = CardWatch(self.card, self.config.llm_names)
         self.last_decision = Decision(False, ("not evaluated yet",))
-        self.image_failures = 0  # ComfyUI failed to come up, in a row
-        self.image_retry_at = 0.0
-        self.image_failure = ""
-        self.image_stop_failures = 0
-        self.llm_stop_failures = 0  # stops of vLLM for a swap that failed, in a row
-        self.llm_stop_retry_at = 0.0
-        self.llm_stop_failure = ""
-        self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
         # a move toward vLLM taken while the database could not be written: the state in
         # memory is ahead of the database's until storage works again
@@ -161,9 +147,21 @@ class Engine:
             self.watch,
             self.reclaim,
         )
-        # vLLM's weights read ahead while the last image job runs
-        self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
-        self.prewarm_report = PrewarmReport()
+        self.swaps = Swaps(
+            self.config,
+            self.store,
+            self.containers,
+            self.llm,
+            self.comfy,
+            self.clock,
+            self.alerts,
+            self.pace,
+            self.reclaim,
+            self.jobs,
+            self.yielders,
+            lambda: self.state.phase_since,
+            self.meminfo,
+        )
         self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
@@ -518,15 +516,17 @@ class Engine:
             held_by=self.held_by(),
             storage_problem=self.storage_paused,
             image_retry_in=(
-                (self.image_retry_at - self.clock.monotonic()) if self.image_failures else None
-            ),
-            image_failure=self.image_failure or None,
-            llm_stop_retry_in=(
-                (self.llm_stop_retry_at - self.clock.monotonic())
-                if self.llm_stop_failures
+                (self.swaps.image_retry_at - self.clock.monotonic())
+                if self.swaps.image_failures
                 else None
             ),
-            llm_stop_failure=self.llm_stop_failure or None,
+            image_failure=self.swaps.image_failure or None,
+            llm_stop_retry_in=(
+                (self.swaps.llm_stop_retry_at - self.clock.monotonic())
+                if self.swaps.llm_stop_failures
+                else None
+            ),
+            llm_stop_failure=self.swaps.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
             paused=frozenset(
                 n for n, until in self.yielders.paused.items() if until > self.clock.monotonic()
@@ -555,7 +555,7 @@ class Engine:
                 return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
             self.alerts.drop(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
-            self.llm_stop_failures = 0
+            self.swaps.llm_stop_failures = 0
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             obs = await self._confirm_card(obs, began)
@@ -590,166 +590,9 @@ class Engine:
             return dataclasses.replace(obs, card=None, card_error=str(exc))
         return dataclasses.replace(obs, card=card)
 
-    async def _stop(self, role: Role) -> Result:
-        try:
-            await self.pace.waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
-        except DockerError as exc:
-            self.alerts.set(Alert.DOCKER, str(exc))
-            return Result(Outcome.FAILED, f"stopping the {role} container failed: {exc}")
-        self.alerts.drop(Alert.DOCKER)
-        return Result(Outcome.OK, f"{role} container stopped")
-
-    async def _start(self, role: Role) -> Result:
-        try:
-            await self.pace.waiting(self.containers.start(role))
-        except DockerError as exc:
-            self.alerts.set(Alert.DOCKER, str(exc))
-            return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
-        self.alerts.drop(Alert.DOCKER)
-        return Result(Outcome.OK, f"{role} container started")
-
-    async def _stop_llm(self) -> Result:
-        result = await self._stop("llm")
-        if result.outcome is Outcome.OK:
-            self.llm_stop_failures = 0
-            self.llm_stop_failure = ""
-            self.alerts.drop(Alert.LLM_STOP_FAILED)
-            await self._report_llm_gone_before_the_swap()
-            return result
-        # back to serving, and the next swap backs off: a stop Docker keeps refusing was tried
-        # again at every poll (and its alert came and went with each try)
-        self.llm_stop_failures += 1
-        self.llm_stop_failure = result.reason
-        delay = llm_retry_delay(
-            self.llm_stop_failures,
-            self.config.llm_retry_backoff_seconds,
-            self.config.llm_retry_backoff_max_seconds,
-        )
-        self.llm_stop_retry_at = self.clock.monotonic() + delay
-        self.alerts.set(
-            Alert.LLM_STOP_FAILED,
-            f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
-            f"a row (last: {result.reason}); it keeps serving, next try in {delay:g} s; "
-            f"{self.store.queue_length()} job(s) kept queued",
-        )
-        return result
-
-    async def _report_llm_gone_before_the_swap(self) -> None:
-        """A vLLM that exited before this swap began (a crash between the serving loop's last
-        look and the decision to swap) is reported, not absorbed by the swap's own stop. Read
-        after the stop, which waits for the exit, so an exit the engine had not taken in yet
-        is seen too; Docker's FinishedAt is the time the process exited. One that exited after
-        the phase began was stopped by this phase (also a swap resumed after a restart of the
-        arbiter) and is not reported."""
-        try:
-            st = await self.pace.waiting(self.containers.state("llm"))
-        except DockerError as exc:
-            self.alerts.set(Alert.DOCKER, str(exc))
-            return
-        finished = docker_time(st.finished_at)
-        if st.running or finished is None or finished >= self.state.phase_since:
-            return
-        self.reclaim.llm_failures += 1
-        self.alerts.set(
-            Alert.LLM_NOT_READY,
-            f"vLLM stopped while serving, before the swap to image: container "
-            f"{st.name or 'llm'} exited with code {st.exit_code}; "
-            "it starts again when the card comes back",
-        )
-
-    async def _wait_llm_release(self) -> Result:
-        return await self.reclaim.wait_release(
-            self.config.llm_names,
-            self.config.llm_release_timeout_seconds,
-            Alert.LLM_RELEASE_TIMEOUT,
-        )
-
-    def _image_failed(self, result: Result) -> Result:
-        """ComfyUI did not come up: count it, and back the next swap to image off."""
-        self.image_failures += 1
-        self.image_failure = result.reason
-        delay = llm_retry_delay(
-            self.image_failures,
-            self.config.image_retry_backoff_seconds,
-            self.config.image_retry_backoff_max_seconds,
-        )
-        self.image_retry_at = self.clock.monotonic() + delay
-        if self.image_failures >= 2:
-            self.alerts.set(
-                Alert.IMAGE_START_FAILED,
-                f"ComfyUI failed to come up {self.image_failures} times in a row "
-                f"(last: {result.reason}); next try in {delay:g} s; "
-                f"{self.store.queue_length()} job(s) kept queued",
-            )
-        return result
-
-    async def _start_image(self) -> Result:
-        result = await self._start("image")
-        if result.outcome is Outcome.FAILED:
-            self.alerts.set(Alert.IMAGE_NOT_READY, result.reason)
-            return self._image_failed(result)
-        return result
-
-    async def _wait_image_ready(self) -> Result:
-        deadline = self.clock.monotonic() + self.config.image_ready_timeout_seconds
-        while True:
-            if await self.pace.waiting(self.comfy.ready()):
-                self.alerts.drop(
-                    Alert.IMAGE_NOT_READY,
-                    Alert.IMAGE_OOM_KILLED,
-                    Alert.IMAGE_START_FAILED,
-                    Alert.IMAGE_RESTART_LIMIT,
-                )
-                self.image_failures = 0
-                self.image_failure = ""
-                self.jobs.comfy_unanswered = 0
-                self.reclaim.comfy_signature = None  # a new process: no models loaded
-                return Result(Outcome.OK, "ComfyUI answers /object_info")
-            failure = await self.pace.waiting(
-                container_failure(self.containers, "image", self.alerts)
-            )
-            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                name = (
-                    Alert.IMAGE_OOM_KILLED
-                    if failure.kind is FailureKind.OOM_KILLED
-                    else Alert.IMAGE_NOT_READY
-                )
-                self.alerts.set(name, f"ComfyUI did not start: {failure.message}")
-                return self._image_failed(
-                    Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
-                )
-            if self.clock.monotonic() >= deadline:
-                message = (
-                    f"ComfyUI did not answer /object_info within "
-                    f"{self.config.image_ready_timeout_seconds:g} s"
-                )
-                self.alerts.set(Alert.IMAGE_NOT_READY, message)
-                return self._image_failed(Result(Outcome.TIMEOUT, message))
-            await self.pace.pause(self.config.poll_interval_seconds)
-
-    def _maybe_prewarm(self) -> None:
-        """Start reading vLLM's weights once per image period: with the last job (or at the
-        handback when jobs are left for later)."""
-        if not self.config.prewarm_paths or self.prewarm_task is not None:
-            return
-        self.prewarm_report = PrewarmReport()
-        self.prewarm_task = asyncio.ensure_future(
-            prewarm(
-                [Path(p) for p in self.config.prewarm_paths],
-                self.config.prewarm_margin_bytes,
-                self.meminfo,
-                self.prewarm_report,
-            )
-        )
-
-    def _end_prewarm(self) -> None:
-        if self.prewarm_task is not None and not self.prewarm_task.done():
-            self.prewarm_task.cancel()
-        self.prewarm_task = None
-
     async def _run_jobs(self) -> Result | None:
         if self.store.queue_length() <= 1:
-            self._maybe_prewarm()
+            self.swaps.maybe_prewarm()
         if self.yielders.paused:
             await self.yielders.pause("image jobs run")  # renews a lease past its half
         if self.storage_paused is not None:
@@ -777,141 +620,6 @@ class Engine:
             return Result(Outcome.HAND_BACK, "; ".join(decision.reasons))
         return await self.jobs.run_next()
 
-    def _restart_budget(self) -> Result | None:
-        """None when ComfyUI may be restarted once more this hour (the restart is counted);
-        else the card goes back to vLLM, alerted, and no swap to image starts until the
-        oldest restart of the hour is an hour old: a fault that restarts do not cure (a
-        ``/view`` that keeps failing) never keeps the card in image mode restarting."""
-        now = self.clock.monotonic()
-        while self.image_restarts and now - self.image_restarts[0] >= RESTART_WINDOW_SECONDS:
-            self.image_restarts.popleft()
-        limit = self.config.comfyui_max_restarts_per_hour
-        if len(self.image_restarts) < limit:
-            self.image_restarts.append(now)
-            return None
-        wait = self.image_restarts[0] + RESTART_WINDOW_SECONDS - now
-        message = (
-            f"ComfyUI was restarted {len(self.image_restarts)} times in the last hour "
-            f"(comfyui_max_restarts_per_hour {limit}): a fault that restarts do not cure; the "
-            f"card goes back to vLLM, {self.store.queue_length()} job(s) kept queued, the next "
-            f"swap to image in {wait:.0f} s"
-        )
-        self.alerts.set(Alert.IMAGE_RESTART_LIMIT, message)
-        self.image_failures = max(self.image_failures, 1)
-        self.image_retry_at = now + wait
-        self.image_failure = f"{limit} restarts of ComfyUI in the last hour"
-        return Result(Outcome.FAILED, message)
-
-    async def _restart_image(self) -> Result:
-        """Restart means restart: interrupt the running prompt, clear ComfyUI's queue,
-        restart the container and prove it by a new start time."""
-        spent = self._restart_budget()
-        if spent is not None:
-            return spent
-        for call in (self.comfy.interrupt, self.comfy.clear_queue):
-            try:
-                await self.pace.waiting(call())
-            except (Unavailable, Rejected) as exc:  # a dead ComfyUI answers neither
-                log.info("before the restart: %s", exc)
-        try:
-            before = (await self.containers.state("image")).started_at
-            await self.pace.waiting(
-                self.containers.restart("image", self.config.stop_timeout_seconds)
-            )
-            after = await self.containers.state("image")
-            self.alerts.drop(Alert.DOCKER)
-        except DockerError as exc:
-            self.alerts.set(Alert.DOCKER, str(exc))
-            return self._image_failed(
-                Result(Outcome.FAILED, f"restarting the image container failed: {exc}")
-            )
-        if not after.running or (before and after.started_at == before):
-            return self._image_failed(
-                Result(
-                    Outcome.FAILED,
-                    f"ComfyUI did not restart (running {after.running}, started at "
-                    f"{after.started_at or '?'}, before {before or '?'})",
-                )
-            )
-        self.jobs.comfy_unanswered = 0
-        return Result(Outcome.OK, f"ComfyUI restarted (started at {after.started_at})")
-
-    async def _stop_image(self) -> Result:
-        self._maybe_prewarm()
-        delay = llm_retry_delay(
-            self.image_stop_failures,
-            self.config.llm_retry_backoff_seconds,
-            self.config.llm_retry_backoff_max_seconds,
-        )
-        if delay:
-            await self.pace.pause(delay)
-        result = await self._stop("image")
-        if result.outcome is Outcome.FAILED:
-            self.image_stop_failures += 1
-            self.alerts.set(
-                Alert.IMAGE_STOP_FAILED,
-                f"ComfyUI could not be stopped ({self.image_stop_failures} tries): "
-                f"{result.reason}; vLLM stays stopped until it is",
-            )
-        else:
-            self.image_stop_failures = 0
-            self.alerts.drop(Alert.IMAGE_STOP_FAILED)
-        return result
-
-    async def _wait_image_release(self) -> Result:
-        return await self.reclaim.wait_release(
-            self.config.image_names,
-            self.config.image_release_timeout_seconds,
-            Alert.IMAGE_RELEASE_TIMEOUT,
-        )
-
-    async def _wait_llm_ready(self) -> Result:
-        deadline = self.clock.monotonic() + self.config.llm_ready_timeout_seconds
-        last = "no answer yet"
-        while True:
-            try:
-                await self.pace.waiting(self.llm.health())
-                await self.pace.waiting(self.llm.one_token())
-            except (Unavailable, Rejected) as exc:
-                last = str(exc)
-            else:
-                self.reclaim.llm_failures = 0
-                self.reclaim.llm_vram_failures = 0
-                self.reclaim.plan_next = None
-                self._end_prewarm()
-                await self.yielders.resume()
-                self.alerts.drop(
-                    Alert.LLM_NOT_READY,
-                    Alert.LLM_INSUFFICIENT_VRAM,
-                    Alert.LLM_OOM_KILLED,
-                    Alert.IMAGE_RELEASE_TIMEOUT,  # vLLM got its memory: the release is moot
-                )
-                return Result(Outcome.OK, "vLLM /health is 200 and a one-token completion passed")
-            failure = await self.pace.waiting(
-                container_failure(self.containers, "llm", self.alerts)
-            )
-            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                return await self._llm_start_failed(failure)
-            if self.clock.monotonic() >= deadline:
-                self.reclaim.llm_failures += 1
-                message = (
-                    f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
-                    f"(attempt {self.reclaim.llm_failures}; last: {last}); restarting it"
-                )
-                self.alerts.set(Alert.LLM_NOT_READY, message)
-                return Result(Outcome.TIMEOUT, message)
-            await self.pace.pause(self.config.poll_interval_seconds)
-
-    async def _llm_start_failed(self, failure: ContainerFailure) -> Result:
-        self.reclaim.llm_failures += 1
-        if failure.kind is FailureKind.OOM_KILLED:
-            self.alerts.set(Alert.LLM_OOM_KILLED, failure.message)
-        elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
-            return await self.reclaim.vram_pass(failure)
-        else:
-            self.alerts.set(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
-        return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
-
     # -- jobs ------------------------------------------------------------------------------
 
     # -- jobs API helpers ---------------------------------------------------------------------
@@ -933,16 +641,16 @@ class Engine:
 
 PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.SERVE_LLM: Engine._serve_llm,
-    Phase.STOP_LLM: Engine._stop_llm,
-    Phase.WAIT_LLM_RELEASE: Engine._wait_llm_release,
-    Phase.START_IMAGE: Engine._start_image,
-    Phase.WAIT_IMAGE_READY: Engine._wait_image_ready,
+    Phase.STOP_LLM: lambda engine: engine.swaps.stop_llm(),
+    Phase.WAIT_LLM_RELEASE: lambda engine: engine.swaps.wait_llm_release(),
+    Phase.START_IMAGE: lambda engine: engine.swaps.start_image(),
+    Phase.WAIT_IMAGE_READY: lambda engine: engine.swaps.wait_image_ready(),
     Phase.RUN_JOBS: Engine._run_jobs,
-    Phase.RESTART_IMAGE: Engine._restart_image,
-    Phase.STOP_IMAGE: Engine._stop_image,
-    Phase.WAIT_IMAGE_RELEASE: Engine._wait_image_release,
+    Phase.RESTART_IMAGE: lambda engine: engine.swaps.restart_image(),
+    Phase.STOP_IMAGE: lambda engine: engine.swaps.stop_image(),
+    Phase.WAIT_IMAGE_RELEASE: lambda engine: engine.swaps.wait_image_release(),
     Phase.START_LLM: lambda engine: engine.reclaim.start_llm(),
-    Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
+    Phase.WAIT_LLM_READY: lambda engine: engine.swaps.wait_llm_ready(),
 }
 
 # the moves taken in memory when the database cannot be written: toward vLLM serving
@@ -956,6 +664,3 @@ STORAGE_ABORTS: dict[Phase, Outcome] = {
     Phase.WAIT_IMAGE_READY: Outcome.FAILED,
     Phase.RESTART_IMAGE: Outcome.FAILED,
 }
-
-# comfyui_max_restarts_per_hour counts the restarts of this long
-RESTART_WINDOW_SECONDS = 3600.0

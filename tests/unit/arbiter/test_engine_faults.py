@@ -289,7 +289,9 @@ async def test_a_restart_that_does_not_restart_is_a_failure(tmp_path: Path) -> N
     engine.containers.restart = restart_noop  # type: ignore[method-assign]
     await engine.step()
     assert engine.state.phase is Phase.STOP_IMAGE
-    assert engine.image_failure.startswith("ComfyUI did not restart (running True, started at")
+    assert engine.swaps.image_failure.startswith(
+        "ComfyUI did not restart (running True, started at"
+    )
 
 
 # -- Docker failures are bounded ---------------------------------------------------------------
