@@ -1,8 +1,10 @@
-"""The arbiter's engine: runs the current phase's action, then takes the transition the
-table gives for its outcome, persisting it first.
+"""The arbiter's engine, the mode machine: runs the current phase's action, then takes the
+transition the table gives for its outcome, persisting it first.
 
-Decisions come from :mod:`cardshare.arbiter.rules` and :mod:`cardshare.arbiter.resume`;
-this module only gathers observations and acts through the edges.
+Decisions come from :mod:`cardshare.arbiter.rules` and :mod:`cardshare.arbiter.resume`. The
+work is done by collaborators built with the engine and handed what they need, none of which
+imports this module: the steps of a swap (``swaps``), VRAM reclaim and vLLM's plan ladder
+(``reclaim``), the job runner (``jobs``) and the yielding tenants (``yielding``).
 """
 
 from __future__ import annotations
@@ -40,16 +42,10 @@ from cardshare.arbiter.edges import (
     YieldingApi,
 )
 from cardshare.arbiter.jobs import Jobs
-from cardshare.arbiter.plans import (
-    Tenant,
-    tenants,
-    workflow_signature,
-)
+from cardshare.arbiter.plans import Tenant, tenants, workflow_signature
 from cardshare.arbiter.prewarm import read_meminfo
 from cardshare.arbiter.reclaim import Reclaim
-from cardshare.arbiter.resume import (
-    plan_resume,
-)
+from cardshare.arbiter.resume import plan_resume
 from cardshare.arbiter.rules import (
     Decision,
     HandbackObservations,
@@ -64,14 +60,7 @@ from cardshare.arbiter.rules import (
     should_swap_to_image,
     update_activity,
 )
-from cardshare.arbiter.states import (
-    HANDBACK_PHASES,
-    MODE_OF,
-    Mode,
-    Outcome,
-    Phase,
-    next_phase,
-)
+from cardshare.arbiter.states import HANDBACK_PHASES, MODE_OF, Mode, Outcome, Phase, next_phase
 from cardshare.arbiter.store import Job, MachineState, Store, job_dir
 from cardshare.arbiter.swaps import Swaps
 from cardshare.arbiter.yielding import YieldingTenants

@@ -28,12 +28,7 @@ from cardshare.arbiter.plans import (
     vram_pass,
     workflow_signature,
 )
-from cardshare.arbiter.rules import (
-    SwapObservations,
-    llm_retry_delay,
-    released,
-    should_restore_plan,
-)
+from cardshare.arbiter.rules import SwapObservations, llm_retry_delay, released, should_restore_plan
 from cardshare.arbiter.states import Outcome
 from cardshare.arbiter.store import Job, Store
 from cardshare.arbiter.yielding import YieldingTenants
