@@ -609,8 +609,6 @@ class Engine:
             return Result(Outcome.HAND_BACK, "; ".join(decision.reasons))
         return await self.jobs.run_next()
 
-    # -- jobs ------------------------------------------------------------------------------
-
     # -- jobs API helpers ---------------------------------------------------------------------
 
     def submit_job(self, workflow: dict[str, Any], inputs: dict[str, bytes]) -> Job:
