@@ -38,7 +38,8 @@ from arbiter_fakes import (  # noqa: E402
     make_config,
 )
 
-from cardshare.arbiter.engine import Engine, RealClock  # noqa: E402
+from cardshare.arbiter.common import RealClock  # noqa: E402
+from cardshare.arbiter.engine import Engine  # noqa: E402
 from cardshare.arbiter.states import Phase  # noqa: E402
 from cardshare.arbiter.store import Store  # noqa: E402
 

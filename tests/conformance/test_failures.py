@@ -4,7 +4,7 @@ vLLM runs as the container ``vllm/vllm`` of the fault suite's Docker Engine API
 (tests/faults/fake_docker.py: real processes, Docker's log semantics: one stream of stdout
 and stderr lines, ``tail=N`` the last N lines, multiplexed frames). The arbiter's own code
 starts it and reads it: ``DockerClient`` and ``DockerContainers`` (the logs as the arbiter
-asks for them) and ``Engine._container_failure`` (the inspect, then ``classify_tail`` on that
+asks for them) and ``common.container_failure`` (the inspect, then ``classify_tail`` on that
 log). Only a memory failure may come out as ``insufficient_vram``: it is what makes the
 arbiter reclaim the card and step down the ladder.
 
@@ -33,9 +33,10 @@ import aiohttp
 import pytest
 from conftest import CACHE, REPO, SERVED_NAME, free_port, tiny_args, vllm_env
 
+from cardshare.arbiter.common import ContainerFailure, FailureKind, container_failure
 from cardshare.arbiter.config import Config, ContainerRef
 from cardshare.arbiter.edges import DockerContainers, HttpComfy, HttpLlm
-from cardshare.arbiter.engine import ContainerFailure, Engine, FailureKind
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store
 from cardshare.docker_api import DockerClient
 
@@ -137,7 +138,7 @@ class Rig:
                     assert time.monotonic() < deadline, "vLLM did not exit"
                     await asyncio.sleep(1.0)
                     state = await containers.state("llm")
-                return await engine._container_failure("llm"), state
+                return await container_failure(engine.containers, "llm", engine.alerts), state
             finally:
                 engine.store.close()
 

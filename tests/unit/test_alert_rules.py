@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from cardshare.arbiter.engine import ALERT_NAMES
+from cardshare.arbiter.common import ALERT_NAMES
 from cardshare.arbiter.metrics import families as arbiter_families
 from cardshare.arbiter.states import Mode
 from cardshare.proxy.metrics import OUTCOMES, Counters, Gauges

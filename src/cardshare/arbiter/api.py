@@ -18,17 +18,10 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from cardshare import exposition
-from cardshare.arbiter.engine import (
-    ALERT_NAMES,
-    Alert,
-    Engine,
-    check_input_name,
-    decode_inputs,
-    image_type,
-    is_storage_error,
-    storable_text,
-)
+from cardshare.arbiter.common import ALERT_NAMES, Alert, is_storage_error
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.history import HistoryView
+from cardshare.arbiter.jobs import check_input_name, decode_inputs, image_type, storable_text
 from cardshare.arbiter.metrics import families
 from cardshare.arbiter.resume import SAVER_EXTENSIONS, save_nodes, unfindable_savers
 from cardshare.arbiter.statuspage import render_main, render_page
@@ -270,7 +263,7 @@ async def delete_job(request: web.Request) -> web.Response:
 def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
     """The engine's state; job ids only for a caller with the token."""
     st = engine.state
-    card = engine.last_card
+    card = engine.watch.last
     healthy, health = engine.healthy()
     hold = engine.active_hold()
     return {
@@ -280,17 +273,17 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
         "phase_since": st.phase_since,
         "image_since": st.image_since,
         "queue_length": engine.store.queue_length(),
-        "job_running": engine.current_job is not None,
-        "current_job": engine.current_job if authorized else None,
+        "job_running": engine.jobs.current_job is not None,
+        "current_job": engine.jobs.current_job if authorized else None,
         "engine": {
             "alive": engine.alive,
             "healthy": healthy,
             "health": health,
-            "heartbeat": engine.heartbeat,
-            "heartbeat_age_seconds": round(engine.heartbeat_age(), 3),
+            "heartbeat": engine.pace.heartbeat,
+            "heartbeat_age_seconds": round(engine.pace.age(), 3),
             "faults": dict(sorted(engine.faults.items())),
-            "image_start_failures": engine.image_failures,
-            "image_stop_failures": engine.image_stop_failures,
+            "image_start_failures": engine.swaps.image_failures,
+            "image_stop_failures": engine.swaps.image_stop_failures,
         },
         "hold": None if hold is None else {"holder": hold[0], "until": hold[1]},
         "decision": {"go": engine.last_decision.go, "reasons": list(engine.last_decision.reasons)},
@@ -305,8 +298,8 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
                 for c in card.clients
             ],
         },
-        "llm_plan": engine.plan_doc(),
-        "prewarm": engine.prewarm_report.doc(),
+        "llm_plan": engine.reclaim.plan_doc(),
+        "prewarm": engine.swaps.prewarm_report.doc(),
         "tenants": [
             {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
             for t in engine.tenants()
@@ -353,7 +346,7 @@ async def post_hold(request: web.Request) -> web.Response:
         return web.json_response(
             {
                 "error": f"the card is not at rest with the LLM (phase {engine.state.phase.value}"
-                + (", a job running" if engine.current_job else "")
+                + (", a job running" if engine.jobs.current_job else "")
                 + "): try again later",
                 "mode": engine.mode.value,
             },
@@ -387,9 +380,9 @@ def metric_families(engine: Engine) -> list[Metric]:
         engine.alerts,
         ALERT_NAMES,
         faults=engine.faults,
-        heartbeat_age=engine.heartbeat_age(),
+        heartbeat_age=engine.pace.age(),
         alive=engine.alive,
-        plan=engine.plan_doc(),
+        plan=engine.reclaim.plan_doc(),
         tenants=[(t.name, t.kind.value, t.vram_bytes) for t in engine.tenants()],
     )
 
@@ -428,7 +421,7 @@ class StatusData:
                     await asyncio.to_thread(self.history.refresh)
                     self._refreshed = mono
                 history = self.history.doc()
-        card = engine.last_card
+        card = engine.watch.last
         doc = status_doc(engine, authorized=False)
         doc.pop("current_job", None)
         doc.update(

@@ -1,30 +1,36 @@
-"""The arbiter's engine: runs the current phase's action, then takes the transition the
-table gives for its outcome, persisting it first.
+"""The arbiter's engine, the mode machine: runs the current phase's action, then takes the
+transition the table gives for its outcome, persisting it first.
 
-Decisions come from :mod:`cardshare.arbiter.rules` and :mod:`cardshare.arbiter.resume`;
-this module only gathers observations and acts through the edges.
+Decisions come from :mod:`cardshare.arbiter.rules` and :mod:`cardshare.arbiter.resume`. The
+work is done by collaborators built with the engine and handed what they need, none of which
+imports this module: the steps of a swap (``swaps``), VRAM reclaim and vLLM's plan ladder
+(``reclaim``), the job runner (``jobs``) and the yielding tenants (``yielding``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
-import errno
-import json
 import logging
 import shutil
-import sqlite3
-import time
 import uuid
-from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from cardshare.arbiter.cardview import CardDataError, CardSource, CardView
+from cardshare.arbiter.common import (
+    Alert,
+    Alerts,
+    CardWatch,
+    Clock,
+    FailureKind,
+    Pace,
+    RealClock,
+    Result,
+    container_failure,
+    is_storage_error,
+)
 from cardshare.arbiter.config import Config
 from cardshare.arbiter.edges import (
     ComfyApi,
@@ -32,39 +38,14 @@ from cardshare.arbiter.edges import (
     LlmApi,
     ProxyApi,
     Rejected,
-    Role,
     Unavailable,
     YieldingApi,
 )
-from cardshare.arbiter.plans import (
-    CONTEXT_BOUND_PATTERNS,
-    FreeVram,
-    ImageReclaim,
-    PassAction,
-    PlanChoice,
-    Tenant,
-    card_changed,
-    choose_plan,
-    image_reclaim,
-    measure_free,
-    should_restore,
-    tenants,
-    vram_pass,
-    workflow_signature,
-)
-from cardshare.arbiter.prewarm import PrewarmReport, prewarm, read_meminfo
-from cardshare.arbiter.resume import (
-    JobStep,
-    history_error,
-    history_images,
-    history_is_jobs,
-    plan_job_step,
-    plan_resume,
-    save_nodes,
-    save_prefix,
-    saved_file_name,
-    saver_extension,
-)
+from cardshare.arbiter.jobs import Jobs
+from cardshare.arbiter.plans import Tenant, tenants, workflow_signature
+from cardshare.arbiter.prewarm import read_meminfo
+from cardshare.arbiter.reclaim import Reclaim
+from cardshare.arbiter.resume import plan_resume
 from cardshare.arbiter.rules import (
     Decision,
     HandbackObservations,
@@ -72,130 +53,27 @@ from cardshare.arbiter.rules import (
     MetricsError,
     ProxyState,
     SwapObservations,
-    describe_client,
     llm_retry_delay,
     parse_proxy_state,
     parse_vllm_metrics,
-    released,
     should_hand_back,
-    should_restore_plan,
     should_swap_to_image,
     update_activity,
 )
-from cardshare.arbiter.states import (
-    HANDBACK_PHASES,
-    MODE_OF,
-    Mode,
-    Outcome,
-    Phase,
-    next_phase,
-)
-from cardshare.arbiter.store import Job, JobState, MachineState, Store, job_dir
+from cardshare.arbiter.states import HANDBACK_PHASES, MODE_OF, Mode, Outcome, Phase, next_phase
+from cardshare.arbiter.store import Job, MachineState, Store, job_dir
+from cardshare.arbiter.swaps import Swaps
+from cardshare.arbiter.yielding import YieldingTenants
 from cardshare.atomicfile import write_atomic
-from cardshare.docker_api import ContainerState, DockerError, docker_time
-from cardshare.errors import (
-    LOG_WINDOW_BYTES,
-    VRAM_MAX_ATTEMPTS,
-    ErrorKind,
-    classify_tail,
-    is_insufficient_vram_error,
-    matched_pattern,
-    oom_killed_message,
-)
+from cardshare.docker_api import ContainerState, DockerError
 
 log = logging.getLogger("cardshare.arbiter")
-
-
-class _NotAnImage(Unavailable):
-    """ComfyUI answered a fetch of a saved output with something that is not an image."""
-
-
-T = TypeVar("T")
-
-
-class Alert(StrEnum):
-    """What can go wrong, as the status, the metrics and the alert rules name it."""
-
-    LLM_NOT_READY = "llm_not_ready"
-    LLM_INSUFFICIENT_VRAM = "llm_insufficient_vram"
-    LLM_OOM_KILLED = "llm_oom_killed"
-    LLM_RELEASE_TIMEOUT = "llm_release_timeout"
-    LLM_STOP_FAILED = "llm_stop_failed"  # in a row: swaps to image back off
-    IMAGE_NOT_READY = "image_not_ready"
-    IMAGE_START_FAILED = "image_start_failed"  # in a row: swaps to image back off
-    IMAGE_STOP_FAILED = "image_stop_failed"  # vLLM stays stopped until ComfyUI is
-    IMAGE_CRASHED = "image_crashed"  # ComfyUI exited or hung under a job
-    # comfyui_max_restarts_per_hour spent: the card went back to vLLM, the jobs wait
-    IMAGE_RESTART_LIMIT = "image_restart_limit"
-    IMAGE_RELEASE_TIMEOUT = "image_release_timeout"
-    IMAGE_OOM_KILLED = "image_oom_killed"
-    DOCKER = "docker"
-    CARD_DATA = "card_data"
-    STORAGE = "storage"  # the data directory is full, read-only or failing
-    ENGINE_ERROR = "engine_error"  # an unexpected error in the arbiter itself
-
-
-ALERT_NAMES = tuple(a.value for a in Alert)
-
-
-class FailureKind(StrEnum):
-    """Why a container is not running, from the engine's inspect and the log's tail."""
-
-    OOM_KILLED = "oom_killed"  # the host memory cap (State.OOMKilled)
-    INSUFFICIENT_VRAM = "insufficient_vram"  # the card's memory (the log says so)
-    EXITED = "exited"
-    UNKNOWN = "unknown"  # the container could not be inspected
-
-
-@dataclass(frozen=True)
-class ContainerFailure:
-    kind: FailureKind
-    message: str
-
-
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
-
-
-def is_storage_error(exc: BaseException) -> bool:
-    """A fault of the data directory (full, read-only, I/O) or of the database."""
-    if isinstance(exc, sqlite3.Error):
-        return True
-    return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
-
-
-class Clock(Protocol):
-    """Two clocks: ``now`` (the wall clock) for what people read and what is persisted or
-    compared with another process's times (the database, the card data's scan times, the
-    proxy's); ``monotonic`` for every timeout, deadline, backoff and "since" the engine
-    decides on, so that a step of the wall clock neither leaves a hung job untimed nor fails
-    a healthy one."""
-
-    def now(self) -> float: ...
-    def monotonic(self) -> float: ...
-    async def sleep(self, seconds: float) -> None: ...
 
 
 def _crashed(st: ContainerState) -> bool:
     """An exit no stop asked for: killed by the kernel's OOM killer, or any exit code but 0
     and 143 (SIGTERM, what ``docker stop`` sends first)."""
     return st.oom_killed or st.exit_code not in (0, 143)
-
-
-class RealClock:
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-@dataclass
-class Result:
-    outcome: Outcome
-    reason: str
 
 
 @dataclass
@@ -219,54 +97,60 @@ class Engine:
         self._mono_of: dict[float, float] = {}
         # conservative start: vLLM must be seen idle for idle_seconds from now (monotonic)
         self.activity = LlmActivity(last_active_at=self.clock.monotonic())
-        self.alerts: dict[str, str] = {}
-        self.faults: Counter[str] = Counter()  # alerts raised, by name, since the start
+        self.alerts = Alerts()
+        self.faults = self.alerts.raised  # alerts raised, by name, since the start
+        self.pace = Pace(self.clock)  # the heartbeat, and the time a phase waited
+        self.watch = CardWatch(self.card, self.config.llm_names)
         self.last_decision = Decision(False, ("not evaluated yet",))
-        self.last_card: CardView | None = None
-        self.current_job: str | None = None
-        self.llm_failures = 0
-        self.llm_vram_failures = 0
-        self.image_failures = 0  # ComfyUI failed to come up, in a row
-        self.image_retry_at = 0.0
-        self.image_failure = ""
-        self.image_stop_failures = 0
-        self.llm_stop_failures = 0  # stops of vLLM for a swap that failed, in a row
-        self.llm_stop_retry_at = 0.0
-        self.llm_stop_failure = ""
-        self.comfy_unanswered = 0
-        self.image_restarts: deque[float] = deque()  # when ComfyUI was restarted, last hour
-        self.pending_restart: str | None = None  # a failed poison job may still run there
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
         # a move toward vLLM taken while the database could not be written: the state in
         # memory is ahead of the database's until storage works again
         self.unwritten: str | None = None
         self.database_lost: str | None = None  # the database file deleted or replaced
-        self.heartbeat = now  # wall clock: shown
-        self.heartbeat_mono = self.clock.monotonic()  # its age is read on this
         self.alive = False
         self.step_errors = 0  # failed steps in a row (backoff)
-        self._step_job: str | None = None
-        self._waited = 0.0
         self.wake = asyncio.Event()
-        # vLLM's plans: the one that runs (or starts next), and why it was chosen
-        self.plan_index = 0
-        self.plan_reason = "the full plan"
-        self.plan_next: int | None = None  # the plan a VRAM pass chose for the next attempt
-        self.plan_attempts: list[int] = []  # the plans tried in this start series
-        self.vram_gave_up: FreeVram | None = None  # the card when the last series gave up
-        self.vram_gave_up_at = 0.0
-        self.restore_blocked: FreeVram | None = None  # the card when a start last failed
-        # image jobs: the signature of the workflow whose models ComfyUI holds (None after a
-        # start), and ComfyUI's largest VRAM seen during the job in hand
-        self.comfy_signature: str | None = None
-        self.job_peak = 0
-        self.job_peak_since = 0.0  # when the running prompt was submitted (its samples after)
-        # yielding tenants that acknowledged a pause: name -> the end of the lease
-        self.paused: dict[str, float] = {}
-        self.yield_acked_at = 0.0  # when a yielding tenant last acknowledged a pause
-        # vLLM's weights read ahead while the last image job runs
-        self.prewarm_task: asyncio.Future[PrewarmReport] | None = None
-        self.prewarm_report = PrewarmReport()
+        self.yielders = YieldingTenants(
+            self.config, self.yielding, self.clock, self.pace, self.watch
+        )
+        self.reclaim = Reclaim(
+            self.config,
+            self.store,
+            self.containers,
+            self.comfy,
+            self.clock,
+            self.alerts,
+            self.pace,
+            self.watch,
+            self.yielders,
+            lambda: self.state.phase_since,
+        )
+        self.jobs = Jobs(
+            self.config,
+            self.store,
+            self.containers,
+            self.comfy,
+            self.clock,
+            self.alerts,
+            self.pace,
+            self.watch,
+            self.reclaim,
+        )
+        self.swaps = Swaps(
+            self.config,
+            self.store,
+            self.containers,
+            self.llm,
+            self.comfy,
+            self.clock,
+            self.alerts,
+            self.pace,
+            self.reclaim,
+            self.jobs,
+            self.yielders,
+            lambda: self.state.phase_since,
+            self.meminfo,
+        )
         self.containers.use("llm", self.config.plan_container(0))
 
     # -- helpers -------------------------------------------------------------------------
@@ -274,14 +158,6 @@ class Engine:
     @property
     def mode(self) -> Mode:
         return MODE_OF[self.state.phase]
-
-    def beat(self) -> None:
-        """The engine is making progress (the healthcheck reads the heartbeat's age)."""
-        self.heartbeat = self.clock.now()
-        self.heartbeat_mono = self.clock.monotonic()
-
-    def heartbeat_age(self) -> float:
-        return max(0.0, self.clock.monotonic() - self.heartbeat_mono)
 
     def mono(self, wall: float, past: bool = True) -> float:
         """A persisted wall-clock time on the monotonic clock: converted once, by its
@@ -311,42 +187,13 @@ class Engine:
                 f"{self.database_lost}: restart the arbiter to open the database at that "
                 "path again (a missing one is refused at the start, naming the fix)"
             )
-        age = self.heartbeat_age()
+        age = self.pace.age()
         if age > self.config.heartbeat_stale_seconds:
             return False, (
                 f"the engine's heartbeat is {age:.0f} s old "
                 f"(heartbeat_stale_seconds {self.config.heartbeat_stale_seconds:g})"
             )
         return True, f"heartbeat {age:.1f} s ago"
-
-    async def _sleep(self, seconds: float) -> None:
-        self.beat()
-        await self.clock.sleep(seconds)
-        self.beat()
-
-    async def _waiting(self, aw: Awaitable[T]) -> T:
-        """Await a container stop/start/readiness call, counting its time as waited."""
-        start = self.clock.monotonic()
-        try:
-            return await aw
-        finally:
-            self._waited += self.clock.monotonic() - start
-            self.beat()
-
-    async def _pause(self, seconds: float) -> None:
-        await self._waiting(self._sleep(seconds))
-
-    def _alert(self, name: Alert, message: str) -> None:
-        if self.alerts.get(name) != message:
-            log.warning("alert %s: %s", name, message)
-        if name not in self.alerts:
-            self.faults[name] += 1
-        self.alerts[name] = message
-
-    def _clear(self, *names: Alert) -> None:
-        for name in names:
-            if self.alerts.pop(name, None) is not None:
-                log.info("alert %s cleared", name)
 
     def transition(self, outcome: Outcome, reason: str) -> None:
         to = next_phase(self.state.phase, outcome)
@@ -357,7 +204,7 @@ class Engine:
         now = self.clock.now()
         try:
             self.state = self.store.transition(
-                to, outcome, reason, now, waited_seconds=self._waited
+                to, outcome, reason, now, waited_seconds=self.pace.waited
             )
         except Exception as exc:
             if not is_storage_error(exc) or to not in SAFE_WITHOUT_STORE:
@@ -365,14 +212,14 @@ class Engine:
             # the way back to vLLM never waits for the disk: taken in memory (the database's
             # phase converges on a restart, as after a kill), written once storage works
             self.unwritten = f"{to} ({outcome}: {reason})"[:300]
-            self._alert(
+            self.alerts.set(
                 Alert.STORAGE,
                 f"the database cannot be written ({type(exc).__name__}: {exc}); the card goes "
                 "back to vLLM without it, jobs are paused and new ones refused until it works",
             )
             mode_since = self.state.mode_since if MODE_OF[to] is self.mode else now
             self.state = MachineState(to, now, mode_since, self.state.swap_id, None)
-        self._waited = 0.0
+        self.pace.waited = 0.0
 
     async def _write_state(self) -> None:
         """Storage works again: the state taken in memory goes into the database."""
@@ -387,11 +234,6 @@ class Engine:
         log.info("storage works again: phase %s written", self.state.phase)
         self.unwritten = None
 
-    async def _card_view(self, newer_than: float | None) -> CardView:
-        view = await self.card.read(newer_than)
-        self.last_card = view
-        return view
-
     async def _proxy_state(self) -> tuple[ProxyState | None, str | None]:
         if self.proxy is None:
             return None, None
@@ -400,93 +242,23 @@ class Engine:
         except (Unavailable, Rejected, ValueError) as exc:
             return None, str(exc)
 
-    async def _container_failure(self, role: Role) -> ContainerFailure | None:
-        """Why the role's container is not running (OOMKilled, VRAM, exit code), else None."""
-        try:
-            st = await self.containers.state(role)
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return ContainerFailure(FailureKind.UNKNOWN, f"cannot inspect the {role} container")
-        self._clear(Alert.DOCKER)
-        # "restarting": it exited and its restart policy starts it again (Docker reports it
-        # running meanwhile): a failure all the same, read from its log
-        if st.running and st.status != "restarting":
-            return None
-        if st.oom_killed:
-            return ContainerFailure(FailureKind.OOM_KILLED, oom_killed_message(st.name or role))
-        try:  # the last start's output, bounded in bytes: the cause is mid-log in real vLLM
-            tail = await self.containers.logs_tail(role, LOG_WINDOW_BYTES, since=st.started_at)
-        except DockerError:
-            tail = ""
-        # the log as a whole: a message wrapped over two lines still matches
-        verdict = classify_tail(tail)
-        if verdict.kind is ErrorKind.INSUFFICIENT_VRAM:
-            return ContainerFailure(
-                FailureKind.INSUFFICIENT_VRAM, f"insufficient VRAM: {verdict.excerpt[:400]}"
-            )
-        status = st.status or "not running"
-        error = f": {verdict.excerpt[:400]}" if verdict.excerpt else ""
-        return ContainerFailure(
-            FailureKind.EXITED,
-            f"container {st.name or role} is {status} (exit code {st.exit_code}){error}",
-        )
-
-    def _others_on_card(self) -> str:
-        if self.last_card is None:
-            return "unknown"
-        others = self.last_card.others(self.config.llm_names)
-        return "; ".join(describe_client(c.name, c.vram_bytes, c.busy_engines) for c in others) or (
-            "none"
-        )
-
     def tenants(self) -> list[Tenant]:
         """The card's clients by kind, from the last card data."""
-        if self.last_card is None:
+        if self.watch.last is None:
             return []
         return tenants(
-            self.last_card,
+            self.watch.last,
             self.config.llm_names + self.config.image_names,
             self.config.resident_client_names,
             self.config.yielding_client_names,
         )
-
-    def plan_doc(self) -> dict[str, Any]:
-        """vLLM's plan now: which, how large, and whether it is a degraded one."""
-        plan = self.config.plans[self.plan_index]
-        return {
-            "index": self.plan_index,
-            "plans": len(self.config.plans),
-            "service": plan.service,
-            "max_model_len": plan.max_model_len,
-            "gpu_memory_utilization": plan.gpu_memory_utilization,
-            "reservation_bytes": plan.reservation_bytes or None,
-            "degraded": self.plan_index > 0,
-            "reason": self.plan_reason,
-            "restore": self.config.restore_full_plan,
-        }
-
-    async def _measure_free(self, max_age: float = 0.0) -> FreeVram | None:
-        """What the card has free for vLLM, from card data at most ``max_age`` old (0: a fresh
-        scan); None when it cannot be read."""
-        view = await self._plan_view(max_age)
-        return None if view is None else self._free_in(view)
-
-    async def _plan_view(self, max_age: float) -> CardView | None:
-        try:
-            return await self._waiting(self._card_view(self.clock.now() - max_age))
-        except CardDataError as exc:
-            log.info("no card data to choose vLLM's plan: %s", exc)
-            return None
-
-    def _free_in(self, view: CardView) -> FreeVram:
-        return measure_free(view, self.config.llm_names, self.config.card_vram_bytes)
 
     # -- holds (a role's probe asks the arbiter not to swap meanwhile) ----------------------
 
     def hold_swaps(self, holder: str, seconds: float) -> float | None:
         """Hold swaps to image for ``seconds``; the hold's end, or None when the card is not
         the LLM's at rest (mid-swap, image mode, or a job in hand)."""
-        if self.state.phase is not Phase.SERVE_LLM or self.current_job is not None:
+        if self.state.phase is not Phase.SERVE_LLM or self.jobs.current_job is not None:
             return None
         until = self.clock.now() + seconds
         self.store.set_hold(holder, until)
@@ -549,19 +321,19 @@ class Engine:
         """Converge the persisted phase with the containers' real states; False when the
         containers cannot be inspected (the caller retries)."""
         try:
-            await self._find_running_plan()
+            await self.reclaim.find_running_plan()
             llm = await self.containers.state("llm")
             image_running = (await self.containers.state("image")).running
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
             return False
-        self._clear(Alert.DOCKER)
+        self.alerts.drop(Alert.DOCKER)
         llm_running = llm.running
         if self.state.phase is Phase.SERVE_LLM and not llm_running and _crashed(llm):
             # the LLM died while it was the card's owner (while the arbiter was away, or as it
             # came up): reported, not quietly started again
-            self.llm_failures += 1
-            self._alert(
+            self.reclaim.llm_failures += 1
+            self.alerts.set(
                 Alert.LLM_NOT_READY,
                 f"vLLM stopped while serving (found as the arbiter started): container "
                 f"{llm.name or 'llm'} exited with code {llm.exit_code}"
@@ -580,29 +352,6 @@ class Engine:
             log.info("resume in %s: %s", self.state.phase, plan.reason)
         return True
 
-    async def _find_running_plan(self) -> None:
-        """With several plans: the one whose container runs is the llm container."""
-        if len(self.config.plans) < 2:
-            return
-        running = []
-        for index in range(len(self.config.plans)):
-            self.containers.use("llm", self.config.plan_container(index))
-            try:
-                if (await self.containers.state("llm")).running:
-                    running.append(index)
-            except DockerError as exc:
-                if index == 0:
-                    raise
-                # a smaller plan's container missing is not a reason to stop serving
-                self._alert(Alert.DOCKER, f"plan {index} of vLLM: {exc}")
-        for extra in running[1:]:  # never two vLLMs on the card: keep the largest plan
-            self.containers.use("llm", self.config.plan_container(extra))
-            log.warning("two plans of vLLM run: stopping plan %d", extra)
-            await self.containers.stop("llm", self.config.stop_timeout_seconds)
-        self.plan_index = running[0] if running else 0
-        self.plan_reason = "found running as the arbiter started" if running else self.plan_reason
-        self.containers.use("llm", self.config.plan_container(self.plan_index))
-
     # -- the loop --------------------------------------------------------------------------
 
     async def step(self) -> None:
@@ -620,17 +369,17 @@ class Engine:
     async def guarded(self, call: Callable[[], Awaitable[Any]]) -> bool:
         """Run one engine call under the guard: an error is logged, alerted and counted,
         never the end of the loop. True when the call went through."""
-        self._step_job = None
+        self.jobs.step_job = None
         phase = self.state.phase
         try:
             await call()
         except asyncio.CancelledError:
             raise
         except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
+            self.alerts.set(Alert.DOCKER, str(exc))
         except Exception as exc:
             if is_storage_error(exc):
-                self._alert(
+                self.alerts.set(
                     Alert.STORAGE,
                     f"the data directory failed in {phase}: {type(exc).__name__}: {exc}; "
                     "jobs are paused and new ones refused until it works again",
@@ -638,29 +387,15 @@ class Engine:
             else:
                 log.exception("unexpected error in phase %s", phase)
                 self.faults["engine_error_steps"] += 1
-                self._alert(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
-                self._poison(exc)
+                self.alerts.set(Alert.ENGINE_ERROR, f"{type(exc).__name__} in {phase}: {exc}"[:500])
+                self.jobs.poison(exc)
         else:
             # the Docker alert clears on a Docker call that works (not on any step)
             self.step_errors = 0
-            self._clear(Alert.ENGINE_ERROR)
+            self.alerts.drop(Alert.ENGINE_ERROR)
             return True
         self.step_errors += 1
         return False
-
-    def _poison(self, exc: Exception) -> None:
-        """Count the error against the job in hand; fail it after job_max_errors."""
-        if self._step_job is None:
-            return
-        reason = f"the arbiter failed on this job: {type(exc).__name__}: {exc}"[:500]
-        try:
-            job = self.store.engine_error(self._step_job, reason)
-            if job.errors >= self.config.job_max_errors and job.state is JobState.RUNNING:
-                self._finish(job, JobState.FAILED, f"{reason} ({job.errors} times; gave up)")
-                # its prompt may still run in ComfyUI: restart ComfyUI before the next job
-                self.pending_restart = f"job {job.id} failed by the arbiter's errors"
-        except Exception:  # the database itself fails: the storage guard catches it next
-            log.exception("cannot record the error against job %s", self._step_job)
 
     def _backoff(self) -> float:
         return llm_retry_delay(
@@ -671,15 +406,15 @@ class Engine:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.alive = True
-        self.beat()
+        self.pace.beat()
         try:
             while not stop.is_set():
                 ok = await self.guarded(self.resume)
                 if ok and Alert.DOCKER not in self.alerts:
                     break
-                await self._sleep(self._backoff() or self.config.poll_interval_seconds)
+                await self.pace.sleep(self._backoff() or self.config.poll_interval_seconds)
             while not stop.is_set():
-                self.beat()
+                self.pace.beat()
                 # a storage fault pauses the jobs, not the machine: the card goes back to
                 # vLLM, and no swap to image starts until the data directory works again
                 # the database file's identity, with every heartbeat: one deleted or replaced
@@ -692,18 +427,20 @@ class Engine:
                 )
                 self.storage_paused = problem
                 if problem is not None:
-                    self._alert(Alert.STORAGE, f"{problem}; jobs are paused and new ones refused")
+                    self.alerts.set(
+                        Alert.STORAGE, f"{problem}; jobs are paused and new ones refused"
+                    )
                 elif self.unwritten is None or await self.guarded(self._write_state):
-                    self._clear(Alert.STORAGE)
+                    self.alerts.drop(Alert.STORAGE)
                 if not await self.guarded(self.step):
-                    await self._sleep(self._backoff())
+                    await self.pace.sleep(self._backoff())
         finally:
             self.alive = False
 
     async def _idle_wait(self) -> None:
         """Sleep a poll interval, or less when a job arrives."""
         self.wake.clear()
-        self.beat()
+        self.pace.beat()
         sleeper = asyncio.ensure_future(self.clock.sleep(self.config.poll_interval_seconds))
         waker = asyncio.ensure_future(self.wake.wait())
         try:
@@ -711,7 +448,7 @@ class Engine:
         finally:
             for task in (sleeper, waker):
                 task.cancel()
-        self.beat()
+        self.pace.beat()
 
     # -- observations ------------------------------------------------------------------------
 
@@ -734,25 +471,27 @@ class Engine:
         card_error: str | None = None
         if queue_length > 0:
             try:
-                card = await self._card_view(self._card_floor(now))
+                card = await self.watch.read(self.yielders.card_floor(now))
             except CardDataError as exc:
                 card_error = str(exc)
-                self._alert(Alert.CARD_DATA, card_error)
+                self.alerts.set(Alert.CARD_DATA, card_error)
             else:
                 age = card.age(now)
                 if age > self.config.card_data_max_age_seconds:
-                    self._alert(
+                    self.alerts.set(
                         Alert.CARD_DATA,
                         f"card data is {age:.0f} s old even after a fresh scan (max "
                         f"{self.config.card_data_max_age_seconds:g} s): is the recorder running?",
                     )
                 else:
-                    self._clear(Alert.CARD_DATA)
-        elif self.last_card is None or self.last_card.age(now) > self.config.poll_interval_seconds:
+                    self.alerts.drop(Alert.CARD_DATA)
+        elif (
+            self.watch.last is None or self.watch.last.age(now) > self.config.poll_interval_seconds
+        ):
             # idle: the status shows the recorder's latest data (its file only: no fresh scan,
             # which would wake the card)
             try:
-                await self._card_view(None)
+                await self.watch.read(None)
             except CardDataError as exc:
                 log.debug("card data for the status: %s", exc)
         return SwapObservations(
@@ -766,40 +505,22 @@ class Engine:
             held_by=self.held_by(),
             storage_problem=self.storage_paused,
             image_retry_in=(
-                (self.image_retry_at - self.clock.monotonic()) if self.image_failures else None
-            ),
-            image_failure=self.image_failure or None,
-            llm_stop_retry_in=(
-                (self.llm_stop_retry_at - self.clock.monotonic())
-                if self.llm_stop_failures
+                (self.swaps.image_retry_at - self.clock.monotonic())
+                if self.swaps.image_failures
                 else None
             ),
-            llm_stop_failure=self.llm_stop_failure or None,
+            image_failure=self.swaps.image_failure or None,
+            llm_stop_retry_in=(
+                (self.swaps.llm_stop_retry_at - self.clock.monotonic())
+                if self.swaps.llm_stop_failures
+                else None
+            ),
+            llm_stop_failure=self.swaps.llm_stop_failure or None,
             next_job_peak=self._next_job_peak() if queue_length > 0 else None,
             paused=frozenset(
-                n for n, until in self.paused.items() if until > self.clock.monotonic()
+                n for n, until in self.yielders.paused.items() if until > self.clock.monotonic()
             ),
         )
-
-    def _card_floor(self, now: float) -> float:
-        """The oldest scan a swap may be weighed on: ``card_data_max_age_seconds`` old, but
-        after the last pause a yielding tenant acknowledged, and a poll old while a paused
-        tenant still shows memory (its release is awaited, as a stop's is, for at most
-        ``llm_release_timeout_seconds`` after the acknowledgement: a tenant that keeps its
-        memory longer is looked at again only as the data ages)."""
-        floor = now - self.config.card_data_max_age_seconds
-        paused = {name for name, until in self.paused.items() if until > self.clock.monotonic()}
-        if paused:
-            floor = max(floor, self.yield_acked_at)
-            view = self.last_card
-            awaited = now - self.yield_acked_at < self.config.llm_release_timeout_seconds
-            if (
-                awaited
-                and view is not None
-                and any(c.name in paused and c.vram_bytes > 0 for c in view.clients)
-            ):
-                floor = max(floor, now - self.config.poll_interval_seconds)
-        return floor
 
     def _next_job_peak(self) -> int | None:
         job = self.store.next_job()
@@ -814,26 +535,28 @@ class Engine:
         obs = await self.observe_for_swap()
         if obs.metrics_error is not None:
             # vLLM does not answer: exited (or killed) while serving? then start it again
-            failure = await self._container_failure("llm")
+            failure = await container_failure(self.containers, "llm", self.alerts)
             if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                self.llm_failures += 1
-                self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}")
+                self.reclaim.llm_failures += 1
+                self.alerts.set(
+                    Alert.LLM_NOT_READY, f"vLLM stopped while serving: {failure.message}"
+                )
                 return Result(Outcome.FAILED, f"vLLM stopped while serving: {failure.message}")
         if obs.queue_length == 0:  # nothing waits for a swap: a past release alert is stale
-            self._clear(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
-            self.llm_stop_failures = 0
+            self.alerts.drop(Alert.LLM_RELEASE_TIMEOUT, Alert.LLM_STOP_FAILED)
+            self.swaps.llm_stop_failures = 0
         self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             obs = await self._confirm_card(obs, began)
             self.last_decision = should_swap_to_image(obs, self.config, self.clock.now())
         if self.last_decision.go:
             return Result(Outcome.SWAP, "; ".join(self.last_decision.reasons))
-        if obs.queue_length > 0 and self._only_yielding_in_the_way(obs):
-            await self._pause_yielding("a swap to image: jobs are queued")
-        elif obs.queue_length == 0 and self.paused:
-            await self._resume_yielding()
-        if self.plan_index > 0:
-            restore = await self._restore_plan(obs)
+        if obs.queue_length > 0 and self.yielders.in_the_way(obs):
+            await self.yielders.pause("a swap to image: jobs are queued")
+        elif obs.queue_length == 0 and self.yielders.paused:
+            await self.yielders.resume()
+        if self.reclaim.plan_index > 0:
+            restore = await self.reclaim.restore_plan(obs)
             if restore is not None:
                 return restore
         await self._idle_wait()
@@ -850,294 +573,23 @@ class Engine:
         if obs.card is None or obs.card.scanned_at >= since:
             return obs
         try:
-            card = await self._card_view(since)
+            card = await self.watch.read(since)
         except CardDataError as exc:
-            self._alert(Alert.CARD_DATA, str(exc))
+            self.alerts.set(Alert.CARD_DATA, str(exc))
             return dataclasses.replace(obs, card=None, card_error=str(exc))
         return dataclasses.replace(obs, card=card)
 
-    def _only_yielding_in_the_way(self, obs: SwapObservations) -> bool:
-        """Would the swap go if the yielding tenants stepped aside?"""
-        if self.yielding is None or obs.card is None or not self.config.yielding_tenants:
-            return False
-        names = {t.name for t in self.config.yielding_tenants}
-        if not any(c.name in names for c in obs.card.clients):
-            return False
-        without = CardView(
-            obs.card.scanned_at,
-            tuple(c for c in obs.card.clients if c.name not in names),
-            obs.card.vram_total_bytes,
-        )
-        return should_swap_to_image(
-            dataclasses.replace(obs, card=without), self.config, self.clock.now()
-        ).go
-
-    async def _pause_yielding(self, reason: str) -> None:
-        """Ask every yielding tenant on the card to step aside (renewing a lease past its
-        half); an ack within the tenant's bound is a pause, anything else leaves it a blocker."""
-        if self.yielding is None:
-            return
-        now = self.clock.monotonic()  # the leases' ends
-        lease = self.config.yield_lease_seconds
-        on_card = {c.name for c in self.last_card.clients} if self.last_card else set()
-        for tenant in self.config.yielding_tenants:
-            until = self.paused.get(tenant.name)
-            if until is not None and until - now > lease / 2:
-                continue
-            if until is None and tenant.name not in on_card:
-                continue
-            try:
-                held = await self._waiting(self.yielding.pause(tenant.name, lease, reason))
-            except (Unavailable, Rejected) as exc:
-                log.warning("yielding tenant %s did not ack a pause: %s", tenant.name, exc)
-                self.paused.pop(tenant.name, None)
-                continue
-            if until is None or until <= now:  # a new pause, not a renewal: await its release
-                self.yield_acked_at = self.clock.now()
-            self.paused[tenant.name] = self.clock.monotonic() + lease
-            log.info("yielding tenant %s paused (%d bytes still held)", tenant.name, held)
-
-    async def _resume_yielding(self) -> None:
-        if self.yielding is None:
-            self.paused.clear()
-            return
-        for name in list(self.paused):
-            try:
-                await self._waiting(self.yielding.resume(name))
-            except (Unavailable, Rejected) as exc:  # its lease ends by itself
-                log.warning("yielding tenant %s: resume failed: %s", name, exc)
-            self.paused.pop(name, None)
-
-    async def _restore_plan(self, obs: SwapObservations) -> Result | None:
-        """A smaller plan serves: back to a larger one when it fits, at an idle moment.
-
-        Weighed on the recorder's data as fresh as a swap needs it (not a scan every poll:
-        each one wakes the card), and, when a larger plan fits there, confirmed on a scan made
-        then, as a swap to image is: a client that arrived since (a transcode) would make the
-        larger plan fail to start, and the agents wait through two restarts.
-        """
-        idle = should_restore_plan(obs, self.config, self.clock.now())
-        if not idle.go:
-            return None
-        began = self.clock.now()
-        view = await self._plan_view(self.config.card_data_max_age_seconds)
-        choice = None if view is None else self._restore_choice(view)
-        if view is not None and choice is not None and view.scanned_at < began:
-            view = await self._plan_view(0.0)
-            choice = None if view is None else self._restore_choice(view)
-        if choice is None:
-            return None
-        return Result(
-            Outcome.REPLAN,
-            f"plan {choice.index} fits again ({choice.reason}); {'; '.join(idle.reasons)}",
-        )
-
-    def _restore_choice(self, view: CardView) -> PlanChoice | None:
-        """The larger plan that fits on ``view``; None while the card is as it was when a
-        restore last failed for want of VRAM (it would fail the same way)."""
-        free = self._free_in(view)
-        if self.restore_blocked is not None:
-            if not card_changed(self.restore_blocked, free, self.config.vram_retry_margin_bytes):
-                return None
-            self.restore_blocked = None
-        return should_restore(
-            self.config.plans, self.plan_index, free, self.config.vram_headroom_bytes
-        )
-
-    async def _stop(self, role: Role) -> Result:
-        try:
-            await self._waiting(self.containers.stop(role, self.config.stop_timeout_seconds))
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return Result(Outcome.FAILED, f"stopping the {role} container failed: {exc}")
-        self._clear(Alert.DOCKER)
-        return Result(Outcome.OK, f"{role} container stopped")
-
-    async def _start(self, role: Role) -> Result:
-        try:
-            await self._waiting(self.containers.start(role))
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return Result(Outcome.FAILED, f"starting the {role} container failed: {exc}")
-        self._clear(Alert.DOCKER)
-        return Result(Outcome.OK, f"{role} container started")
-
-    async def _wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
-        """Until the named clients hold no VRAM in card data scanned after this phase began.
-
-        Each look asks for data scanned at that look (the arbiter's card data changes only
-        by its own scans): memory that lingers past one scan is seen released at a later one.
-        """
-        since = self.state.phase_since  # wall clock: weighed against the scans' times
-        deadline = self.clock.monotonic() + timeout
-        last = "no card data yet"
-        while True:
-            try:
-                view = await self._waiting(self._card_view(self.clock.now()))
-                if view.scanned_at >= since and released(view, names):
-                    self._clear(alert)
-                    return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
-                last = (
-                    f"{', '.join(names)} still hold {view.vram_of(names) / 2**30:.1f} GiB"
-                    if view.scanned_at >= since
-                    else "card data not refreshed since the stop"
-                )
-            except CardDataError as exc:
-                last = str(exc)
-            if self.clock.monotonic() >= deadline:
-                message = f"memory not released after {timeout:g} s: {last}"
-                self._alert(alert, message)
-                return Result(Outcome.TIMEOUT, message)
-            await self._pause(self.config.poll_interval_seconds)
-
-    async def _stop_llm(self) -> Result:
-        result = await self._stop("llm")
-        if result.outcome is Outcome.OK:
-            self.llm_stop_failures = 0
-            self.llm_stop_failure = ""
-            self._clear(Alert.LLM_STOP_FAILED)
-            await self._report_llm_gone_before_the_swap()
-            return result
-        # back to serving, and the next swap backs off: a stop Docker keeps refusing was tried
-        # again at every poll (and its alert came and went with each try)
-        self.llm_stop_failures += 1
-        self.llm_stop_failure = result.reason
-        delay = llm_retry_delay(
-            self.llm_stop_failures,
-            self.config.llm_retry_backoff_seconds,
-            self.config.llm_retry_backoff_max_seconds,
-        )
-        self.llm_stop_retry_at = self.clock.monotonic() + delay
-        self._alert(
-            Alert.LLM_STOP_FAILED,
-            f"vLLM could not be stopped for a swap to image {self.llm_stop_failures} time(s) in "
-            f"a row (last: {result.reason}); it keeps serving, next try in {delay:g} s; "
-            f"{self.store.queue_length()} job(s) kept queued",
-        )
-        return result
-
-    async def _report_llm_gone_before_the_swap(self) -> None:
-        """A vLLM that exited before this swap began (a crash between the serving loop's last
-        look and the decision to swap) is reported, not absorbed by the swap's own stop. Read
-        after the stop, which waits for the exit, so an exit the engine had not taken in yet
-        is seen too; Docker's FinishedAt is the time the process exited. One that exited after
-        the phase began was stopped by this phase (also a swap resumed after a restart of the
-        arbiter) and is not reported."""
-        try:
-            st = await self._waiting(self.containers.state("llm"))
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return
-        finished = docker_time(st.finished_at)
-        if st.running or finished is None or finished >= self.state.phase_since:
-            return
-        self.llm_failures += 1
-        self._alert(
-            Alert.LLM_NOT_READY,
-            f"vLLM stopped while serving, before the swap to image: container "
-            f"{st.name or 'llm'} exited with code {st.exit_code}; "
-            "it starts again when the card comes back",
-        )
-
-    async def _wait_llm_release(self) -> Result:
-        return await self._wait_release(
-            self.config.llm_names,
-            self.config.llm_release_timeout_seconds,
-            Alert.LLM_RELEASE_TIMEOUT,
-        )
-
-    def _image_failed(self, result: Result) -> Result:
-        """ComfyUI did not come up: count it, and back the next swap to image off."""
-        self.image_failures += 1
-        self.image_failure = result.reason
-        delay = llm_retry_delay(
-            self.image_failures,
-            self.config.image_retry_backoff_seconds,
-            self.config.image_retry_backoff_max_seconds,
-        )
-        self.image_retry_at = self.clock.monotonic() + delay
-        if self.image_failures >= 2:
-            self._alert(
-                Alert.IMAGE_START_FAILED,
-                f"ComfyUI failed to come up {self.image_failures} times in a row "
-                f"(last: {result.reason}); next try in {delay:g} s; "
-                f"{self.store.queue_length()} job(s) kept queued",
-            )
-        return result
-
-    async def _start_image(self) -> Result:
-        result = await self._start("image")
-        if result.outcome is Outcome.FAILED:
-            self._alert(Alert.IMAGE_NOT_READY, result.reason)
-            return self._image_failed(result)
-        return result
-
-    async def _wait_image_ready(self) -> Result:
-        deadline = self.clock.monotonic() + self.config.image_ready_timeout_seconds
-        while True:
-            if await self._waiting(self.comfy.ready()):
-                self._clear(
-                    Alert.IMAGE_NOT_READY,
-                    Alert.IMAGE_OOM_KILLED,
-                    Alert.IMAGE_START_FAILED,
-                    Alert.IMAGE_RESTART_LIMIT,
-                )
-                self.image_failures = 0
-                self.image_failure = ""
-                self.comfy_unanswered = 0
-                self.comfy_signature = None  # a new process: no models loaded
-                return Result(Outcome.OK, "ComfyUI answers /object_info")
-            failure = await self._waiting(self._container_failure("image"))
-            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                name = (
-                    Alert.IMAGE_OOM_KILLED
-                    if failure.kind is FailureKind.OOM_KILLED
-                    else Alert.IMAGE_NOT_READY
-                )
-                self._alert(name, f"ComfyUI did not start: {failure.message}")
-                return self._image_failed(
-                    Result(Outcome.FAILED, f"ComfyUI did not start: {failure.message}")
-                )
-            if self.clock.monotonic() >= deadline:
-                message = (
-                    f"ComfyUI did not answer /object_info within "
-                    f"{self.config.image_ready_timeout_seconds:g} s"
-                )
-                self._alert(Alert.IMAGE_NOT_READY, message)
-                return self._image_failed(Result(Outcome.TIMEOUT, message))
-            await self._pause(self.config.poll_interval_seconds)
-
-    def _maybe_prewarm(self) -> None:
-        """Start reading vLLM's weights once per image period: with the last job (or at the
-        handback when jobs are left for later)."""
-        if not self.config.prewarm_paths or self.prewarm_task is not None:
-            return
-        self.prewarm_report = PrewarmReport()
-        self.prewarm_task = asyncio.ensure_future(
-            prewarm(
-                [Path(p) for p in self.config.prewarm_paths],
-                self.config.prewarm_margin_bytes,
-                self.meminfo,
-                self.prewarm_report,
-            )
-        )
-
-    def _end_prewarm(self) -> None:
-        if self.prewarm_task is not None and not self.prewarm_task.done():
-            self.prewarm_task.cancel()
-        self.prewarm_task = None
-
     async def _run_jobs(self) -> Result | None:
         if self.store.queue_length() <= 1:
-            self._maybe_prewarm()
-        if self.paused:
-            await self._pause_yielding("image jobs run")  # renews a lease past its half
+            self.swaps.maybe_prewarm()
+        if self.yielders.paused:
+            await self.yielders.pause("image jobs run")  # renews a lease past its half
         if self.storage_paused is not None:
             return Result(
                 Outcome.HAND_BACK, f"jobs paused, the data directory fails: {self.storage_paused}"
             )
-        if self.pending_restart is not None:
-            reason, self.pending_restart = self.pending_restart, None
+        if self.jobs.pending_restart is not None:
+            reason, self.jobs.pending_restart = self.jobs.pending_restart, None
             return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
         proxy, _ = await self._proxy_state()
         # image mode's start is persisted (wall clock): its age is taken on the monotonic clock
@@ -1155,727 +607,7 @@ class Engine:
         self.last_decision = decision
         if decision.go:
             return Result(Outcome.HAND_BACK, "; ".join(decision.reasons))
-        job = self.store.next_job()
-        if job is None:  # cancelled in between
-            return None
-        self.current_job = job.id
-        self._step_job = job.id
-        try:
-            return await self.run_job(job)
-        finally:
-            self.current_job = None
-
-    def _restart_budget(self) -> Result | None:
-        """None when ComfyUI may be restarted once more this hour (the restart is counted);
-        else the card goes back to vLLM, alerted, and no swap to image starts until the
-        oldest restart of the hour is an hour old: a fault that restarts do not cure (a
-        ``/view`` that keeps failing) never keeps the card in image mode restarting."""
-        now = self.clock.monotonic()
-        while self.image_restarts and now - self.image_restarts[0] >= RESTART_WINDOW_SECONDS:
-            self.image_restarts.popleft()
-        limit = self.config.comfyui_max_restarts_per_hour
-        if len(self.image_restarts) < limit:
-            self.image_restarts.append(now)
-            return None
-        wait = self.image_restarts[0] + RESTART_WINDOW_SECONDS - now
-        message = (
-            f"ComfyUI was restarted {len(self.image_restarts)} times in the last hour "
-            f"(comfyui_max_restarts_per_hour {limit}): a fault that restarts do not cure; the "
-            f"card goes back to vLLM, {self.store.queue_length()} job(s) kept queued, the next "
-            f"swap to image in {wait:.0f} s"
-        )
-        self._alert(Alert.IMAGE_RESTART_LIMIT, message)
-        self.image_failures = max(self.image_failures, 1)
-        self.image_retry_at = now + wait
-        self.image_failure = f"{limit} restarts of ComfyUI in the last hour"
-        return Result(Outcome.FAILED, message)
-
-    async def _restart_image(self) -> Result:
-        """Restart means restart: interrupt the running prompt, clear ComfyUI's queue,
-        restart the container and prove it by a new start time."""
-        spent = self._restart_budget()
-        if spent is not None:
-            return spent
-        for call in (self.comfy.interrupt, self.comfy.clear_queue):
-            try:
-                await self._waiting(call())
-            except (Unavailable, Rejected) as exc:  # a dead ComfyUI answers neither
-                log.info("before the restart: %s", exc)
-        try:
-            before = (await self.containers.state("image")).started_at
-            await self._waiting(self.containers.restart("image", self.config.stop_timeout_seconds))
-            after = await self.containers.state("image")
-            self._clear(Alert.DOCKER)
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return self._image_failed(
-                Result(Outcome.FAILED, f"restarting the image container failed: {exc}")
-            )
-        if not after.running or (before and after.started_at == before):
-            return self._image_failed(
-                Result(
-                    Outcome.FAILED,
-                    f"ComfyUI did not restart (running {after.running}, started at "
-                    f"{after.started_at or '?'}, before {before or '?'})",
-                )
-            )
-        self.comfy_unanswered = 0
-        return Result(Outcome.OK, f"ComfyUI restarted (started at {after.started_at})")
-
-    async def _stop_image(self) -> Result:
-        self._maybe_prewarm()
-        delay = llm_retry_delay(
-            self.image_stop_failures,
-            self.config.llm_retry_backoff_seconds,
-            self.config.llm_retry_backoff_max_seconds,
-        )
-        if delay:
-            await self._pause(delay)
-        result = await self._stop("image")
-        if result.outcome is Outcome.FAILED:
-            self.image_stop_failures += 1
-            self._alert(
-                Alert.IMAGE_STOP_FAILED,
-                f"ComfyUI could not be stopped ({self.image_stop_failures} tries): "
-                f"{result.reason}; vLLM stays stopped until it is",
-            )
-        else:
-            self.image_stop_failures = 0
-            self._clear(Alert.IMAGE_STOP_FAILED)
-        return result
-
-    async def _wait_image_release(self) -> Result:
-        return await self._wait_release(
-            self.config.image_names,
-            self.config.image_release_timeout_seconds,
-            Alert.IMAGE_RELEASE_TIMEOUT,
-        )
-
-    async def _start_llm(self) -> Result | None:
-        plans = self.config.plans
-        if self.vram_gave_up is not None:
-            # the last series gave up: stay out of llm until the card changes
-            free = await self._measure_free()
-            waited = self.clock.monotonic() - self.vram_gave_up_at
-            changed = free is not None and card_changed(
-                self.vram_gave_up, free, self.config.vram_retry_margin_bytes
-            )
-            if not changed and waited < self.config.llm_retry_backoff_max_seconds:
-                await self._pause(self.config.poll_interval_seconds)
-                return None
-            log.info(
-                "a new series of vLLM starts: %s",
-                "the card changed" if changed else f"{waited:.0f} s since the last gave up",
-            )
-            self.vram_gave_up = None
-            self.llm_vram_failures = 0
-            self.llm_failures = 0  # a new series starts without the old one's backoff
-        else:
-            delay = llm_retry_delay(
-                self.llm_failures,
-                self.config.llm_retry_backoff_seconds,
-                self.config.llm_retry_backoff_max_seconds,
-            )
-            if delay:
-                await self._pause(delay)
-            free = await self._measure_free() if len(plans) > 1 else None
-        if self.llm_vram_failures == 0 or self.plan_next is None:
-            self.plan_attempts = []
-            if len(plans) > 1 and free is not None:
-                choice = choose_plan(plans, free, self.config.vram_headroom_bytes)
-                target, self.plan_reason = choice.index, choice.reason
-            else:
-                target = 0 if len(plans) == 1 or free is None else self.plan_index
-                self.plan_reason = (
-                    "the only plan" if len(plans) == 1 else "no card data: the full plan"
-                )
-        else:
-            target = self.plan_next
-        self.plan_next = None
-        try:
-            if len(plans) > 1:
-                if not await self._stop_other_plans(target):
-                    return None
-            elif self.llm_failures:
-                # a failed or unready vLLM: restart it from scratch
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
-            self.plan_index = target
-            self.containers.use("llm", self.config.plan_container(target))
-            if len(plans) > 1 and self.llm_failures:
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
-            self.plan_attempts.append(target)
-            await self._waiting(self.containers.start("llm"))
-            self._clear(Alert.DOCKER)
-        except DockerError as exc:
-            self.llm_failures += 1
-            self._alert(Alert.DOCKER, str(exc))
-            self._alert(Alert.LLM_NOT_READY, f"starting vLLM failed: {exc}")
-            return Result(Outcome.FAILED, f"starting the llm container failed: {exc}")
-        plan = plans[target]
-        detail = (
-            f" on plan {target} ({plan.max_model_len} tokens, "
-            f"{plan.gpu_memory_utilization:g} of the card): {self.plan_reason}"
-            if len(plans) > 1
-            else ""
-        )
-        return Result(Outcome.OK, f"llm container started{detail}")
-
-    async def _stop_other_plans(self, target: int) -> bool:
-        """Stop every plan's container but ``target``'s, and wait until vLLM's memory left the
-        card when one ran (a restore to a larger plan). False: its memory stayed (alerted)."""
-        stopped = False
-        for index in range(len(self.config.plans)):
-            if index == target:
-                continue
-            self.containers.use("llm", self.config.plan_container(index))
-            try:
-                running = (await self._waiting(self.containers.state("llm"))).running
-            except DockerError as exc:  # a plan without a container never ran
-                log.info("plan %d of vLLM: %s", index, exc)
-                continue
-            if running:
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
-                stopped = True
-        if not stopped:
-            return True
-        result = await self._wait_release(
-            self.config.llm_names,
-            self.config.llm_release_timeout_seconds,
-            Alert.LLM_RELEASE_TIMEOUT,
-        )
-        return result.outcome is Outcome.OK
-
-    async def _wait_llm_ready(self) -> Result:
-        deadline = self.clock.monotonic() + self.config.llm_ready_timeout_seconds
-        last = "no answer yet"
-        while True:
-            try:
-                await self._waiting(self.llm.health())
-                await self._waiting(self.llm.one_token())
-            except (Unavailable, Rejected) as exc:
-                last = str(exc)
-            else:
-                self.llm_failures = 0
-                self.llm_vram_failures = 0
-                self.plan_next = None
-                self._end_prewarm()
-                await self._resume_yielding()
-                self._clear(
-                    Alert.LLM_NOT_READY,
-                    Alert.LLM_INSUFFICIENT_VRAM,
-                    Alert.LLM_OOM_KILLED,
-                    Alert.IMAGE_RELEASE_TIMEOUT,  # vLLM got its memory: the release is moot
-                )
-                return Result(Outcome.OK, "vLLM /health is 200 and a one-token completion passed")
-            failure = await self._waiting(self._container_failure("llm"))
-            if failure is not None and failure.kind is not FailureKind.UNKNOWN:
-                return await self._llm_start_failed(failure)
-            if self.clock.monotonic() >= deadline:
-                self.llm_failures += 1
-                message = (
-                    f"vLLM not ready within {self.config.llm_ready_timeout_seconds:g} s "
-                    f"(attempt {self.llm_failures}; last: {last}); restarting it"
-                )
-                self._alert(Alert.LLM_NOT_READY, message)
-                return Result(Outcome.TIMEOUT, message)
-            await self._pause(self.config.poll_interval_seconds)
-
-    async def _llm_start_failed(self, failure: ContainerFailure) -> Result:
-        self.llm_failures += 1
-        if failure.kind is FailureKind.OOM_KILLED:
-            self._alert(Alert.LLM_OOM_KILLED, failure.message)
-        elif failure.kind is FailureKind.INSUFFICIENT_VRAM:
-            return await self._vram_pass(failure)
-        else:
-            self._alert(Alert.LLM_NOT_READY, f"vLLM stopped while starting: {failure.message}")
-        return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
-
-    async def _vram_pass(self, failure: ContainerFailure) -> Result:
-        """An insufficient-VRAM failure at start: reclaim and retry the same plan, then one
-        plan down, then give up (at most VRAM_MAX_ATTEMPTS starts a series)."""
-        self.llm_vram_failures += 1
-        free = await self._measure_free()
-        self.restore_blocked = free
-        holders = free.describe_holders() if free is not None else self._others_on_card()
-        step = vram_pass(
-            self.plan_index,
-            self.llm_vram_failures,
-            len(self.config.plans),
-            context_bound=matched_pattern(failure.message) in CONTEXT_BOUND_PATTERNS,
-        )
-        tried = ", ".join(str(p) for p in self.plan_attempts) or str(self.plan_index)
-        if step.action is PassAction.GIVE_UP:
-            self.vram_gave_up = free if free is not None else FreeVram(None, 0, ())
-            self.vram_gave_up_at = self.clock.monotonic()
-            self.plan_next = None
-            try:  # stopped, so that no restart policy keeps starting it meanwhile
-                await self._waiting(self.containers.stop("llm", self.config.stop_timeout_seconds))
-            except DockerError as exc:
-                self._alert(Alert.DOCKER, str(exc))
-            self._alert(
-                Alert.LLM_INSUFFICIENT_VRAM,
-                f"vLLM could not get its memory in {self.llm_vram_failures} attempts "
-                f"(plans {tried}; last: {failure.message}); the card is held by: {holders}; "
-                "staying out of llm until the card changes (or "
-                f"{self.config.llm_retry_backoff_max_seconds:g} s pass)",
-            )
-            return Result(Outcome.FAILED, f"vLLM failed to start: {failure.message}")
-        if step.action is PassAction.RETRY_AFTER_RECLAIM:
-            await self._reclaim()
-            what = f"reclaimed; retrying plan {step.plan}"
-        elif step.plan == self.plan_index:
-            what = f"retrying plan {step.plan} (no smaller plan)"
-        else:
-            what = f"stepping down to plan {step.plan}"
-        self.plan_next = step.plan
-        self._alert(
-            Alert.LLM_INSUFFICIENT_VRAM,
-            f"vLLM could not get its memory ({failure.message}); attempt "
-            f"{self.llm_vram_failures} of {VRAM_MAX_ATTEMPTS}: {what}; the card is held by: "
-            f"{holders}",
-        )
-        return Result(Outcome.FAILED, f"vLLM failed to start for want of VRAM: {what}")
-
-    async def _reclaim(self) -> None:
-        """Before the retry: ComfyUI off the card (stopped, its release measured) and the
-        yielding tenants paused. Never from under a job: vLLM starts only in the handback,
-        after the jobs' phase ended."""
-        await self._pause_yielding("vLLM could not get its memory at start")
-        try:
-            if (await self._waiting(self.containers.state("image"))).running:
-                await self._waiting(self.containers.stop("image", self.config.stop_timeout_seconds))
-        except DockerError as exc:
-            self._alert(Alert.DOCKER, str(exc))
-            return
-        await self._wait_release(
-            self.config.image_names,
-            self.config.image_release_timeout_seconds,
-            Alert.IMAGE_RELEASE_TIMEOUT,
-        )
-
-    # -- jobs ------------------------------------------------------------------------------
-
-    async def run_job(self, job: Job) -> Result | None:
-        """Drive one job to an end (done/failed/cancelled) or ask for a ComfyUI restart.
-
-        Exactly once: a prompt is posted again only when it is provably in neither ComfyUI's
-        queue nor its history and none of the job's files are on disk.
-        """
-        deadline = self.clock.monotonic() + self.config.job_timeout_seconds
-        while True:
-            self.beat()
-            current = self.store.job(job.id)
-            if current is None or current.state not in (JobState.QUEUED, JobState.RUNNING):
-                return None  # ended meanwhile (a poison job failed by the guard)
-            job = current
-            if job.cancel_requested:
-                return await self._cancel_running(job)
-            if job.saved is not None:  # it ran: fetch its files, never run it again
-                ended, result = await self._fetch_saved(job)
-                if not ended:
-                    continue
-                return result
-            subfolder = save_prefix(job.id, 0)[0]
-            try:
-                # found by its own files' subfolder, not only by the id ComfyUI answered
-                queued = (
-                    await self.comfy.queued(job.prompt_id, subfolder) if job.prompt_id else None
-                )
-                in_queue = queued is not None
-                history = (
-                    await self.comfy.history(job.prompt_id)
-                    if job.prompt_id and not in_queue
-                    else None
-                )
-            except (Unavailable, Rejected) as exc:
-                died = await self._comfy_unanswered(job, str(exc))
-                if died is not None:
-                    return died
-                await self._sleep(self.config.poll_interval_seconds)
-                continue
-            self.comfy_unanswered = 0
-            if queued is not None and queued != job.prompt_id:
-                log.warning("job %s: its prompt is queued as %s in ComfyUI", job.id, queued)
-                job = self.store.set_prompt_id(job.id, queued)
-            if history is not None and not history_is_jobs(history, subfolder):
-                log.warning(
-                    "job %s: ComfyUI's history of %s is another prompt's: not taken",
-                    job.id,
-                    job.prompt_id,
-                )
-                history = None
-            step = plan_job_step(job.prompt_id, in_queue, history)
-            if step is JobStep.FETCH_OUTPUTS:
-                assert history is not None
-                return await self._fetch_outputs(job, history)
-            if step is JobStep.FAILED:
-                assert history is not None
-                return await self._job_error(job, history_error(history))
-            if step in (JobStep.NEW_ATTEMPT, JobStep.LOOK_ON_DISK):
-                try:
-                    found = await self._outputs_on_disk(job)
-                except (Unavailable, Rejected) as exc:
-                    return await self._comfy_died(job, f"looking for its files failed: {exc}")
-                if found:
-                    self._store_outputs(job, found, "found on disk")
-                    return None
-                if step is JobStep.NEW_ATTEMPT:
-                    if job.attempts >= self.config.job_max_attempts:
-                        self._finish(
-                            job,
-                            JobState.FAILED,
-                            f"gave up after {job.attempts} attempt(s): {job.reason or 'no reason'}",
-                        )
-                        return None
-                    job = self.store.start_attempt(job.id, str(uuid.uuid4()), self.clock.now())
-                assert job.prompt_id is not None
-                await self._reclaim_for(job)
-                self.job_peak = 0
-                self.job_peak_since = self.clock.now()
-                try:
-                    workflow = await self._prepare(job)
-                    got = await self.comfy.submit(workflow, job.prompt_id)
-                except Rejected as exc:
-                    self._finish(job, JobState.FAILED, _rejection(exc))
-                    return None
-                except Unavailable as exc:
-                    return await self._comfy_died(job, str(exc))
-                if got != job.prompt_id:
-                    job = self._answered_id(job, got)
-                continue
-            # POLL
-            await self._sample_job_peak()
-            if self.clock.monotonic() >= deadline:
-                self._finish(
-                    job,
-                    JobState.FAILED,
-                    "not finished within job_timeout_seconds "
-                    f"({self.config.job_timeout_seconds:g})",
-                )
-                return Result(Outcome.RESTART, "a job timed out: restart ComfyUI to stop it")
-            await self._sleep(self.config.poll_interval_seconds)
-
-    def _answered_id(self, job: Job, got: str) -> Job:
-        """ComfyUI answered the submission with another id than the one sent (an older one
-        chooses its own): taken unless it is empty or another job's (a restarted server, a
-        proxy in between, a bug); the poll finds the prompt by the job's subfolder anyway."""
-        other = self.store.job_with_prompt(got) if got else None
-        if not got or (other is not None and other.id != job.id):
-            log.warning(
-                "job %s: ComfyUI answered its prompt with id %r%s; its own id %s is kept",
-                job.id,
-                got,
-                f", job {other.id}'s" if other is not None else "",
-                job.prompt_id,
-            )
-            return job
-        log.info("job %s: ComfyUI chose the id %s for its prompt", job.id, got)
-        return self.store.set_prompt_id(job.id, got)
-
-    async def _cancel_running(self, job: Job) -> Result | None:
-        """A running job cancelled by request: its prompt out of ComfyUI's queue first, then,
-        when it runs already, interrupted by its id. (Interrupting first let a prompt queued
-        behind another start as the interrupt ended that one, before the queue was cleared;
-        and it stopped a prompt that was not the job's.)"""
-        try:
-            if job.prompt_id is not None:
-                await self.comfy.delete_queued(job.prompt_id)
-                subfolder = save_prefix(job.id, 0)[0]
-                running = await self.comfy.queued(job.prompt_id, subfolder)
-                if running is not None:
-                    await self.comfy.interrupt(running)
-        except (Unavailable, Rejected) as exc:
-            self.store.finish(
-                job.id,
-                JobState.CANCELLED,
-                "cancelled by request while running",
-                0,
-                self.clock.now(),
-            )
-            return Result(Outcome.RESTART, f"restart ComfyUI: interrupting a cancelled job: {exc}")
-        self._finish(job, JobState.CANCELLED, "cancelled by request while running")
-        return None
-
-    async def _comfy_unanswered(self, job: Job, detail: str) -> Result | None:
-        """ComfyUI did not answer a poll: dead (its container stopped) or hung (no answer
-        comfyui_unanswered_polls times in a row) means a restart; else poll again."""
-        self.comfy_unanswered += 1
-        failure = await self._container_failure("image")
-        dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
-        if dead or self.comfy_unanswered >= self.config.comfyui_unanswered_polls:
-            return await self._comfy_died(job, detail, failure)
-        log.info("ComfyUI did not answer (%d in a row): %s", self.comfy_unanswered, detail)
-        return None
-
-    async def _prepare(self, job: Job) -> dict[str, Any]:
-        """Upload the job's input images, point the workflow at their stored names and give
-        its save nodes the job's own filename prefix."""
-        workflow: dict[str, Any] = dict(job.workflow)
-        renames: dict[str, str] = {}
-        for name in job.inputs:
-            data = (job_dir(self.config.data_dir, job.id) / "inputs" / name).read_bytes()
-            stored = await self.comfy.upload_image(f"cardshare-{job.id}-{name}", data)
-            renames[name] = stored
-        if renames:
-            workflow = _substitute(workflow, renames)
-        for index, node_id in enumerate(save_nodes(workflow)):
-            subfolder, stem = save_prefix(job.id, index)
-            node = dict(workflow[node_id])
-            node["inputs"] = {**node.get("inputs", {}), "filename_prefix": f"{subfolder}/{stem}"}
-            workflow[node_id] = node
-        return workflow
-
-    async def _outputs_on_disk(self, job: Job) -> list[bytes]:
-        """The job's saved images in ComfyUI's output directory, when every save node left
-        at least one (then the prompt ran to its end); else []. An empty file is a save cut
-        short (ComfyUI killed between creating the file and writing it): no evidence, and the
-        next attempt's file follows it."""
-        images: list[bytes] = []
-        workflow = dict(job.workflow)
-        for index, node_id in enumerate(save_nodes(workflow)):
-            subfolder, stem = save_prefix(job.id, index)
-            extension = saver_extension(workflow, node_id)
-            found = 0
-            for counter in range(1, MAX_SAVED_PER_NODE + 1):
-                name = saved_file_name(stem, counter, extension)
-                data = await self.comfy.saved(name, subfolder)
-                if data is None:
-                    break
-                if not data:
-                    continue
-                if not is_image(data):  # garbage is no evidence either way: ask again later
-                    raise Unavailable(f"GET /view of {subfolder}/{stem} answered no image")
-                images.append(data)
-                found += 1
-            if not found:
-                return []
-        return images
-
-    async def _fetch_outputs(self, job: Job, history: dict[str, Any]) -> Result | None:
-        subfolder = save_prefix(job.id, 0)[0]
-        # the job's own files only: never another prompt's outputs
-        images = [
-            i
-            for i in history_images(history)
-            if i[1] == subfolder or i[1].startswith(subfolder + "/")
-        ]
-        if not images:
-            self._finish(job, JobState.FAILED, "the workflow finished without output images")
-            return None
-        # the prompt ran: recorded first, so that nothing after this runs it again
-        job = self.store.set_saved(job.id, images)
-        return (await self._fetch_saved(job))[1]  # not ended: run_job polls, then fetches
-
-    async def _fetch_saved(self, job: Job) -> tuple[bool, Result | None]:
-        """Fetch the files a finished prompt saved: done; on no answer, a garbage one or a 404,
-        ask again (:meth:`_fetch_failed`); a request ComfyUI refuses otherwise fails the job.
-        ``(ended, result)``: not ended, poll again."""
-        assert job.saved is not None
-        found: list[bytes] = []
-        try:
-            for filename, subfolder, kind in job.saved:
-                data = await self.comfy.view(filename, subfolder, kind)
-                if not is_image(data):
-                    raise _NotAnImage(
-                        f"GET /view of {subfolder}/{filename} answered no image: {data[:40]!r}"
-                    )
-                found.append(data)
-        except Rejected as exc:
-            if exc.status != 404:  # the request itself is wrong: asking again will not help
-                self._finish(
-                    job,
-                    JobState.FAILED,
-                    f"ComfyUI reported its outputs saved, but fetching them was refused ({exc}); "
-                    "the prompt is not run again",
-                )
-                return True, None
-            return await self._fetch_failed(job, exc)
-        except Unavailable as exc:
-            return await self._fetch_failed(job, exc)
-        self.comfy_unanswered = 0
-        self._store_outputs(job, found, "from ComfyUI")
-        return True, None
-
-    async def _fetch_failed(self, job: Job, exc: Exception) -> tuple[bool, Result | None]:
-        """Saved outputs not fetched (no answer, garbage, 404): ask again, after a restart
-        when ComfyUI died; fail the job after job_max_errors. The prompt is never re-run.
-
-        No answer while ComfyUI's container runs (its restart policy brought it back and it is
-        still starting, or it hangs) is ComfyUI's silence, not the job's error: polled as a
-        running job's is, a restart after comfyui_unanswered_polls in a row, and only the
-        restart counts against the job.
-        """
-        failure = await self._container_failure("image")
-        dead = failure is not None and failure.kind is not FailureKind.UNKNOWN
-        silent = isinstance(exc, Unavailable) and not isinstance(exc, _NotAnImage)
-        if silent and not dead:
-            self.comfy_unanswered += 1
-            if self.comfy_unanswered < self.config.comfyui_unanswered_polls:
-                log.info("ComfyUI did not answer (%d in a row): %s", self.comfy_unanswered, exc)
-                await self._sleep(self.config.poll_interval_seconds)
-                return False, None
-        else:
-            self.comfy_unanswered = 0
-        job = self.store.engine_error(job.id, f"fetching outputs failed: {exc}"[:500])
-        if job.errors >= self.config.job_max_errors:
-            self._finish(
-                job,
-                JobState.FAILED,
-                f"its outputs could not be fetched {job.errors} times: {exc}"[:500],
-            )
-            return True, None
-        if dead or silent:
-            if failure is not None and dead:
-                self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {failure.message}")
-            return True, Result(Outcome.RESTART, f"restart ComfyUI to fetch outputs: {exc}")
-        await self._sleep(self.config.poll_interval_seconds)
-        return False, None
-
-    def _store_outputs(self, job: Job, images: list[bytes], source: str) -> None:
-        outdir = job_dir(self.config.data_dir, job.id) / "outputs"
-        for n, data in enumerate(images):
-            write_atomic(outdir / f"{n}.png", data, make_parents=True)
-        self._clear(Alert.IMAGE_CRASHED)
-        self._finish(job, JobState.DONE, "", outputs=len(images))
-        log.info("job %s: %d output(s) %s", job.id, len(images), source)
-
-    async def _job_error(self, job: Job, message: str) -> Result | None:
-        if is_insufficient_vram_error(message):
-            limit = min(VRAM_MAX_ATTEMPTS, self.config.job_max_attempts)
-            if job.attempts < limit:
-                self.store.note(job.id, f"insufficient VRAM (attempt {job.attempts}): {message}")
-                self.store.set_prompt_id(job.id, None)
-                return Result(
-                    Outcome.RESTART,
-                    f"job {job.id} ran out of VRAM: restart ComfyUI to reclaim memory and retry",
-                )
-            self._finish(
-                job,
-                JobState.FAILED,
-                f"insufficient VRAM after {job.attempts} attempt(s): {message}; "
-                f"others on the card: {self._others_on_card()}",
-            )
-            return None
-        self._finish(job, JobState.FAILED, f"ComfyUI error: {message}")
-        return None
-
-    async def _comfy_died(
-        self, job: Job, detail: str, failure: ContainerFailure | None = None
-    ) -> Result:
-        if failure is None:
-            failure = await self._container_failure("image")
-        reason = f"ComfyUI stopped answering ({detail})"
-        if failure is not None:
-            reason += f"; {failure.message}"
-            if failure.kind is FailureKind.OOM_KILLED:
-                self._alert(Alert.IMAGE_OOM_KILLED, failure.message)
-        self._alert(Alert.IMAGE_CRASHED, f"during job {job.id}: {reason}"[:500])
-        if job.prompt_id is not None:
-            job = self.store.set_prompt_id(job.id, None)
-        # every restart counts against the job, also one before its first attempt (a look
-        # for its files that fails): a fault that outlives restarts ends the job
-        job = self.store.count_restart(job.id, reason)
-        if job.attempts >= self.config.job_max_attempts:
-            self._finish(job, JobState.FAILED, f"{reason}; gave up after {job.attempts} attempt(s)")
-        elif job.restarts >= self.config.job_max_restarts:
-            self._finish(
-                job,
-                JobState.FAILED,
-                f"{reason}; gave up after {job.restarts} restarts of ComfyUI for this job "
-                f"(job_max_restarts {self.config.job_max_restarts})",
-            )
-        return Result(Outcome.RESTART, f"restart ComfyUI: {reason}")
-
-    def _finish(self, job: Job, state: JobState, reason: str, outputs: int = 0) -> None:
-        self.store.finish(job.id, state, reason, outputs, self.clock.now())
-        log.info("job %s %s %s", job.id, state, reason)
-        if state is JobState.DONE:
-            signature = workflow_signature(job.workflow)
-            self.comfy_signature = signature
-            if self.job_peak > 0:
-                peak = self.store.record_workflow_peak(signature, self.job_peak, self.clock.now())
-                log.info("workflow %s: peak %d bytes (this run %d)", signature, peak, self.job_peak)
-        self.job_peak = 0
-
-    async def _sample_job_peak(self) -> None:
-        """ComfyUI's VRAM while a job runs, kept as the job's peak: card data scanned since
-        the prompt was submitted and at most a poll old (the arbiter's card data changes only
-        by its own scans; the card is awake with the job, so a scan wakes nothing)."""
-        try:
-            view = await self._card_view(
-                max(self.job_peak_since, self.clock.now() - self.config.poll_interval_seconds)
-            )
-        except CardDataError:
-            return
-        self.job_peak = max(self.job_peak, view.vram_of(self.config.image_names))
-
-    async def _reclaim_for(self, job: Job) -> None:
-        """Before a job whose workflow ran before: when its measured peak does not fit what is
-        free because ComfyUI holds another workflow's models, ask ComfyUI to free them and wait
-        until the card data shows the release (never trusting /free's answer). Called between
-        jobs only: no prompt of the arbiter's runs in ComfyUI then."""
-        signature = workflow_signature(job.workflow)
-        if self.comfy_signature == signature:
-            return  # its own models are loaded: freeing them cannot help it
-        peak = self.store.workflow_peak(signature)
-        if peak is None:
-            return
-        # the recorder's latest data first (a fresh scan per job would slow every job down);
-        # a fresh scan only to confirm a reclaim
-        seen = await self._reclaim_view(peak, self.config.card_data_max_age_seconds)
-        if seen is None or not seen[1].free_first:
-            return
-        seen = await self._reclaim_view(peak)
-        if seen is None:
-            return
-        before, decision = seen
-        if not decision.free_first:
-            log.info("job %s: %s", job.id, decision.reason)
-            return
-        self.store.note(job.id, f"freeing ComfyUI's memory first: {decision.reason}")
-        try:
-            await self._waiting(self.comfy.free())
-        except (Unavailable, Rejected) as exc:
-            log.warning("job %s: POST /free failed: %s", job.id, exc)
-            return
-        self.comfy_signature = None
-        deadline = self.clock.monotonic() + self.config.image_release_timeout_seconds
-        while self.clock.monotonic() < deadline:
-            await self._pause(self.config.poll_interval_seconds)
-            seen = await self._reclaim_view(peak)
-            if seen is None:
-                continue
-            comfy, after = seen
-            # released: the job fits now, or ComfyUI gave back nine tenths of what it held
-            if not after.free_first or comfy <= before // 10:
-                log.info(
-                    "job %s: ComfyUI holds %d bytes after /free (%d before): %s",
-                    job.id,
-                    comfy,
-                    before,
-                    after.reason,
-                )
-                return
-        log.warning(
-            "job %s: ComfyUI's memory not released within %g s; running it anyway",
-            job.id,
-            self.config.image_release_timeout_seconds,
-        )
-
-    async def _reclaim_view(
-        self, peak: int, max_age: float = 0.0
-    ) -> tuple[int, ImageReclaim] | None:
-        """What ComfyUI holds in card data at most ``max_age`` old (0: a fresh scan), and
-        whether a job of ``peak`` needs its memory freed first (never counting another
-        workflow's cached models as free); None without card data."""
-        free = await self._measure_free(max_age)
-        if free is None or self.last_card is None:
-            return None
-        comfy = self.last_card.vram_of(self.config.image_names)
-        decision = image_reclaim(
-            peak, free.total, comfy, free.held - comfy, self.config.vram_headroom_bytes, False
-        )
-        return comfy, decision
+        return await self.jobs.run_next()
 
     # -- jobs API helpers ---------------------------------------------------------------------
 
@@ -1896,16 +628,16 @@ class Engine:
 
 PHASE_ACTIONS: dict[Phase, Callable[[Engine], Awaitable[Result | None]]] = {
     Phase.SERVE_LLM: Engine._serve_llm,
-    Phase.STOP_LLM: Engine._stop_llm,
-    Phase.WAIT_LLM_RELEASE: Engine._wait_llm_release,
-    Phase.START_IMAGE: Engine._start_image,
-    Phase.WAIT_IMAGE_READY: Engine._wait_image_ready,
+    Phase.STOP_LLM: lambda engine: engine.swaps.stop_llm(),
+    Phase.WAIT_LLM_RELEASE: lambda engine: engine.swaps.wait_llm_release(),
+    Phase.START_IMAGE: lambda engine: engine.swaps.start_image(),
+    Phase.WAIT_IMAGE_READY: lambda engine: engine.swaps.wait_image_ready(),
     Phase.RUN_JOBS: Engine._run_jobs,
-    Phase.RESTART_IMAGE: Engine._restart_image,
-    Phase.STOP_IMAGE: Engine._stop_image,
-    Phase.WAIT_IMAGE_RELEASE: Engine._wait_image_release,
-    Phase.START_LLM: Engine._start_llm,
-    Phase.WAIT_LLM_READY: Engine._wait_llm_ready,
+    Phase.RESTART_IMAGE: lambda engine: engine.swaps.restart_image(),
+    Phase.STOP_IMAGE: lambda engine: engine.swaps.stop_image(),
+    Phase.WAIT_IMAGE_RELEASE: lambda engine: engine.swaps.wait_image_release(),
+    Phase.START_LLM: lambda engine: engine.reclaim.start_llm(),
+    Phase.WAIT_LLM_READY: lambda engine: engine.swaps.wait_llm_ready(),
 }
 
 # the moves taken in memory when the database cannot be written: toward vLLM serving
@@ -1919,95 +651,3 @@ STORAGE_ABORTS: dict[Phase, Outcome] = {
     Phase.WAIT_IMAGE_READY: Outcome.FAILED,
     Phase.RESTART_IMAGE: Outcome.FAILED,
 }
-
-# comfyui_max_restarts_per_hour counts the restarts of this long
-RESTART_WINDOW_SECONDS = 3600.0
-
-# a save node's batch larger than this is not looked for on disk
-MAX_SAVED_PER_NODE = 256
-
-
-def is_image(data: bytes) -> bool:
-    """PNG, JPEG, GIF or WebP by their signatures: what ComfyUI's save nodes write."""
-    return image_type(data) is not None
-
-
-def image_type(data: bytes) -> str | None:
-    """The media type of an image by its signature (an output is kept as ``<n>.png`` whatever
-    it is: SaveAnimatedWEBP writes WebP)."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return None
-
-
-def _substitute(value: Any, renames: dict[str, str]) -> Any:
-    """Replace string values equal to an input's name by its uploaded name."""
-    if isinstance(value, str):
-        return renames.get(value, value)
-    if isinstance(value, dict):
-        return {k: _substitute(v, renames) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute(v, renames) for v in value]
-    return value
-
-
-def _rejection(exc: Rejected) -> str:
-    """A job failure from ComfyUI's 400: its error and node_errors."""
-    detail = exc.detail
-    if isinstance(detail, dict):
-        error = detail.get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-        node_errors = json.dumps(detail.get("node_errors") or {}, sort_keys=True)
-        message = message or "invalid prompt"
-        return f"ComfyUI rejected the workflow: {message}; node_errors: {node_errors}"
-    return f"ComfyUI rejected the workflow: {exc}"
-
-
-def decode_inputs(raw: Any) -> dict[str, bytes]:
-    """``{name: base64 png}`` to bytes; names must be plain file names."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ValueError("inputs must be an object of {name: base64 PNG}")
-    out: dict[str, bytes] = {}
-    for name, data in raw.items():
-        check_input_name(name)
-        if not isinstance(data, str):
-            raise ValueError(f"input {name!r} must be a base64 string")
-        try:
-            out[name] = base64.b64decode(data, validate=True)
-        except ValueError as exc:
-            raise ValueError(f"input {name!r} is not valid base64") from exc
-    return out
-
-
-def storable_text(text: str) -> bool:
-    """Text that can go into a file name, a database row and an HTTP header as it is: UTF-8
-    encodable (no lone surrogates) and free of control characters (NUL, CR, LF ...)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
-
-
-def check_input_name(name: Any) -> None:
-    if (
-        not isinstance(name, str)
-        or not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or not storable_text(name)
-        or len(name.encode("utf-8")) > 200
-    ):
-        raise ValueError(
-            f"input name {name!r:.80} must be a plain file name: no path separator, no control "
-            "character or lone surrogate, at most 200 bytes"
-        )

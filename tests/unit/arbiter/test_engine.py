@@ -313,7 +313,7 @@ async def test_a_client_that_came_after_the_last_scan_vetoes_the_swap(tmp_path: 
     engine = make_engine(tmp_path, world, idle_seconds=5.0, card_data_max_age_seconds=120.0)
     submit(engine)
     await engine.step()  # queued, vLLM not idle long enough yet: the card scanned now
-    assert engine.last_card is not None and engine.last_card.others(("vllm/vllm",)) == ()
+    assert engine.watch.last is not None and engine.watch.last.others(("vllm/vllm",)) == ()
     world.others.append(CardClient("plex/plex", 2 * 2**30, ("vcs",)))
     for _ in range(20):
         await engine.step()
@@ -336,7 +336,7 @@ async def test_swap_timings_split_waited_and_own(tmp_path: Path) -> None:
 
 
 def test_decode_inputs_rejects_paths() -> None:
-    from cardshare.arbiter.engine import decode_inputs
+    from cardshare.arbiter.jobs import decode_inputs
 
     with pytest.raises(ValueError, match=r"^input name '../x.png' must be a plain file name: "):
         decode_inputs({"../x.png": base64.b64encode(PNG).decode()})

@@ -15,7 +15,8 @@ import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.api import check_workflow
-from cardshare.arbiter.engine import Alert, Engine
+from cardshare.arbiter.common import Alert
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import JobState, Store
 

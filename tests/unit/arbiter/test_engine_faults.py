@@ -16,7 +16,9 @@ import pytest
 from arbiter_fakes import PNG, WORKFLOW, FakeClock, World, make_engine, run_until
 
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.engine import Alert, Engine, save_prefix, saved_file_name
+from cardshare.arbiter.common import Alert
+from cardshare.arbiter.engine import Engine
+from cardshare.arbiter.resume import save_prefix, saved_file_name
 from cardshare.arbiter.states import Mode, Phase
 from cardshare.arbiter.store import MARKER_NAME, JobState, Store, StoreError
 
@@ -39,7 +41,7 @@ async def run_guarded(engine: Engine, predicate: Any, max_steps: int = 2000) -> 
         if predicate(engine):
             return n
         if not await engine.guarded(engine.step):
-            await engine._sleep(engine._backoff())
+            await engine.pace.sleep(engine._backoff())
     raise AssertionError(f"not reached; phase {engine.state.phase}, alerts {engine.alerts}")
 
 
@@ -216,7 +218,7 @@ async def test_run_survives_any_step_error_and_beats(tmp_path: Path) -> None:
     assert engine.alerts[Alert.ENGINE_ERROR] == "ValueError in serve_llm: garbage from somewhere"
     assert calls > 3
     assert engine._backoff() == 8.0  # backed off to the cap
-    assert engine.heartbeat_age() <= 8.0  # beats around every backoff: never stale
+    assert engine.pace.age() <= 8.0  # beats around every backoff: never stale
     stop.set()
     await asyncio.wait_for(task, 5)
     assert not engine.alive
@@ -227,7 +229,7 @@ async def test_stale_heartbeat_is_unhealthy(tmp_path: Path) -> None:
     world = World(FakeClock())
     engine = make_engine(tmp_path, world, heartbeat_stale_seconds=30.0)
     engine.alive = True
-    engine.beat()
+    engine.pace.beat()
     assert engine.healthy()[0]
     world.clock.t += 31
     assert engine.healthy() == (
@@ -287,7 +289,9 @@ async def test_a_restart_that_does_not_restart_is_a_failure(tmp_path: Path) -> N
     engine.containers.restart = restart_noop  # type: ignore[method-assign]
     await engine.step()
     assert engine.state.phase is Phase.STOP_IMAGE
-    assert engine.image_failure.startswith("ComfyUI did not restart (running True, started at")
+    assert engine.swaps.image_failure.startswith(
+        "ComfyUI did not restart (running True, started at"
+    )
 
 
 # -- Docker failures are bounded ---------------------------------------------------------------
@@ -550,14 +554,14 @@ async def test_the_card_view_stays_fresh_while_idle(tmp_path: Path) -> None:
     world = World(FakeClock())
     engine = make_engine(tmp_path, world)
     await engine.step()
-    assert engine.last_card is not None
-    assert [c.name for c in engine.last_card.clients] == ["vllm/vllm"]
-    first = engine.last_card.scanned_at
+    assert engine.watch.last is not None
+    assert [c.name for c in engine.watch.last.clients] == ["vllm/vllm"]
+    first = engine.watch.last.scanned_at
     world.others.append(CardClient("plex/plex", 2**30, ("vcs",)))
     world.clock.t += 61
     await engine.step()
-    assert engine.last_card.scanned_at > first
-    assert "plex/plex" in [c.name for c in engine.last_card.clients]
+    assert engine.watch.last.scanned_at > first
+    assert "plex/plex" in [c.name for c in engine.watch.last.clients]
     assert engine.card.scans == 0  # type: ignore[attr-defined]
 
 

@@ -94,7 +94,7 @@ async def test_a_peak_is_learned_then_another_workflows_models_are_freed_first(
     frees = [c for c in world.calls if c.startswith("free")]
     assert frees == ["free (queue 0)"]  # asked once, with no prompt in ComfyUI
     # ComfyUI then holds the other workflow's models
-    assert engine.comfy_signature == workflow_signature(other_models(MODEL_A))
+    assert engine.reclaim.comfy_signature == workflow_signature(other_models(MODEL_A))
 
 
 async def test_the_release_is_awaited_in_the_card_data_not_in_free_s_answer(

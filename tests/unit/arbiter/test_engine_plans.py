@@ -68,7 +68,7 @@ async def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_ret
     # the transcode starts while the image jobs run (the veto only holds swaps to image)
     await swap_and_hand_back(engine, world, lambda: world.others.append(transcode))
     assert world.plan_starts == ["vllm-plan1"]
-    assert engine.plan_index == 1
+    assert engine.reclaim.plan_index == 1
     doc = status_doc(engine)
     assert doc["llm_plan"]["degraded"] is True
     assert doc["llm_plan"]["max_model_len"] == 49152
@@ -84,10 +84,10 @@ async def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_ret
     # no replan while the transcode holds the room
     for _ in range(20):
         await engine.step()
-    assert engine.plan_index == 1
+    assert engine.reclaim.plan_index == 1
     # the transcode ends: at the next idle moment the full plan returns
     world.others.clear()
-    await run_until(engine, lambda e: e.plan_index == 0 and serving(e))
+    await run_until(engine, lambda e: e.reclaim.plan_index == 0 and serving(e))
     assert world.plan_starts == ["vllm-plan1", "vllm"]
     assert not world.plans["vllm-plan1"].running
     assert world.llm.running
@@ -103,11 +103,11 @@ async def test_no_restore_while_agents_talk_or_when_turned_off(tmp_path: Path) -
     world.proxy["in_flight"] = 1
     for _ in range(30):
         await engine.step()
-    assert engine.plan_index == 1
+    assert engine.reclaim.plan_index == 1
     assert world.plan_starts == ["vllm-plan1"]
     # the agents go quiet: now it returns
     world.proxy["in_flight"] = 0
-    await run_until(engine, lambda e: e.plan_index == 0 and serving(e))
+    await run_until(engine, lambda e: e.reclaim.plan_index == 0 and serving(e))
 
     world2 = world_with_plans()
     engine2 = engine_of(tmp_path / "off", world2, restore_full_plan=False)
@@ -140,11 +140,11 @@ async def test_a_restore_is_confirmed_on_a_scan_made_then(tmp_path: Path) -> Non
         await engine.step()
         assert engine.mode is Mode.LLM, engine.state.phase
     assert world.plan_starts == ["vllm-plan1"]
-    assert engine.plan_index == 1 and serving(engine)
+    assert engine.reclaim.plan_index == 1 and serving(engine)
     assert card.scans > scans  # the confirmation scanned
     # the transcode ends for good: the full plan returns, confirmed on a scan that shows it
     world.others.clear()
-    await run_until(engine, lambda e: e.plan_index == 0 and serving(e))
+    await run_until(engine, lambda e: e.reclaim.plan_index == 0 and serving(e))
     assert world.plan_starts == ["vllm-plan1", "vllm"]
 
 
@@ -167,7 +167,7 @@ async def test_a_vram_failure_is_reclaimed_then_the_same_plan_starts(tmp_path: P
     world.llm_fails_start = VRAM_LOG  # the first start only: cleared below
     await run_until(engine, lambda e: e.state.phase is Phase.WAIT_LLM_READY)
     await engine.step()  # vLLM exits at start: the first pass
-    assert engine.llm_vram_failures == 1
+    assert engine.reclaim.llm_vram_failures == 1
     assert "attempt 1 of 3: reclaimed; retrying plan 0" in engine.alerts["llm_insufficient_vram"]
     world.llm_fails_start = None
     reads = engine.card.reads  # type: ignore[attr-defined]
@@ -190,7 +190,7 @@ async def test_three_attempts_at_most_then_out_of_llm_until_the_card_changes(
     world.others.append(hog)
     # 12 GiB free: no plan fits; the smallest is tried, then the passes: reclaim and the same
     # plan, one down (there is none below: the same), then the series gives up
-    await run_until(engine, lambda e: e.vram_gave_up is not None, max_steps=200)
+    await run_until(engine, lambda e: e.reclaim.vram_gave_up is not None, max_steps=200)
     assert world.plan_starts == ["vllm-plan2"] * 3
     alert = engine.alerts["llm_insufficient_vram"]
     assert "in 3 attempts (plans 2, 2, 2" in alert
@@ -216,8 +216,8 @@ async def test_non_vram_failures_are_not_vram_passes(tmp_path: Path) -> None:
     world.llm_fails_start = "RuntimeError: model file is corrupt\n"
     for _ in range(40):
         await engine.step()
-    assert engine.llm_vram_failures == 0
-    assert engine.vram_gave_up is None
+    assert engine.reclaim.llm_vram_failures == 0
+    assert engine.reclaim.vram_gave_up is None
     assert "llm_not_ready" in engine.alerts
     assert "llm_insufficient_vram" not in engine.alerts
     assert set(world.plan_starts) == {"vllm"}
@@ -231,7 +231,7 @@ async def test_a_restarted_arbiter_finds_the_plan_that_runs(tmp_path: Path) -> N
     world.use_plan("vllm")
     engine = engine_of(tmp_path, world)
     assert await engine.resume()
-    assert engine.plan_index == 1
+    assert engine.reclaim.plan_index == 1
     assert world.llm_service == "vllm-plan1"
     assert engine.state.phase is Phase.SERVE_LLM
     assert status_doc(engine)["llm_plan"]["service"] == "vllm-plan1"
@@ -260,7 +260,7 @@ async def test_a_kv_cache_too_small_for_the_context_steps_down_without_a_retry(
     world.llm_fails_start = None
     await run_until(engine, serving)
     assert world.plan_starts == ["vllm", "vllm-plan1"]
-    assert engine.plan_index == 1
+    assert engine.reclaim.plan_index == 1
     # the card did not change: no restore that would fail the same way
     for _ in range(30):
         await engine.step()
@@ -282,6 +282,6 @@ async def test_a_vllm_its_restart_policy_restarts_still_fails_for_want_of_vram(
     world.llm.restarting = True
     world.llm.logs = VRAM_LOG
     await engine.step()
-    assert engine.llm_vram_failures == 1
+    assert engine.reclaim.llm_vram_failures == 1
     assert "attempt 1 of 3" in engine.alerts["llm_insufficient_vram"]
     assert "llm_not_ready" not in engine.alerts

@@ -51,7 +51,7 @@ async def test_a_real_kv_cache_failure_steps_the_plan_down(tmp_path: Path) -> No
     """The cause is at lines 74 and 106 of 167; the last 50 lines (all the engine read before)
     are the API server's traceback, and the failure was "exited": no step down."""
     world, engine = await handback_failing_with(tmp_path, real_log("kv-cache-start-failure.log"))
-    assert engine.llm_vram_failures == 1
+    assert engine.reclaim.llm_vram_failures == 1
     alert = engine.alerts["llm_insufficient_vram"]
     assert "stepping down to plan 1" in alert
     assert "larger than the available KV cache memory" in alert
@@ -62,7 +62,7 @@ async def test_a_real_kv_cache_failure_steps_the_plan_down(tmp_path: Path) -> No
 
 async def test_a_real_yarn_refusal_is_no_vram_pass(tmp_path: Path) -> None:
     world, engine = await handback_failing_with(tmp_path, real_log("yarn-refusal.log"))
-    assert engine.llm_vram_failures == 0
+    assert engine.reclaim.llm_vram_failures == 0
     assert "llm_insufficient_vram" not in engine.alerts
     alert = engine.alerts["llm_not_ready"]
     assert "(exit code 1): pydantic_core._pydantic_core.ValidationError" in alert

@@ -21,8 +21,9 @@ from promtext import Exposition
 
 from cardshare.arbiter.api import build_app
 from cardshare.arbiter.cardview import CardClient, RecorderFileSource
+from cardshare.arbiter.common import RealClock
 from cardshare.arbiter.edges import HttpComfy, HttpLlm, HttpProxy
-from cardshare.arbiter.engine import Engine, RealClock
+from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.store import Store
 
 TOKEN = "s3cret-token-for-tests"
@@ -519,7 +520,7 @@ async def test_status_names_jobs_only_with_the_token(rig: Rig) -> None:
     rig.world.hang_next = 1
     resp = await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
     job_id = (await resp.json())["id"]
-    await rig.wait_for(lambda: rig.engine.current_job == job_id)
+    await rig.wait_for(lambda: rig.engine.jobs.current_job == job_id)
     public = await (await rig.client.get("/v1/status")).json()
     assert (public["job_running"], public["current_job"]) == (True, None)
     private = await (await rig.client.get("/v1/status", headers=AUTH)).json()
@@ -536,7 +537,7 @@ async def test_status_names_jobs_only_with_the_token(rig: Rig) -> None:
 async def test_health_follows_the_engine(rig: Rig) -> None:
     resp = await rig.client.get("/v1/health")
     assert (resp.status, (await resp.json())["healthy"]) == (200, True)
-    rig.engine.heartbeat_mono -= 10_000  # its age is read on the monotonic clock
+    rig.engine.pace.heartbeat_mono -= 10_000  # its age is read on the monotonic clock
     resp = await rig.client.get("/v1/health")
     assert resp.status == 503
     assert (await resp.json())["health"].startswith("the engine's heartbeat is ")
@@ -561,7 +562,7 @@ async def test_hold_blocks_swaps_and_is_refused_mid_image(rig: Rig) -> None:
     assert (await rig.client.delete("/v1/hold", headers=AUTH)).status == 404
     rig.world.hang_next = 1
     await rig.client.post("/v1/jobs", json={"workflow": WORKFLOW}, headers=AUTH)
-    await rig.wait_for(lambda: rig.engine.current_job is not None)
+    await rig.wait_for(lambda: rig.engine.jobs.current_job is not None)
     resp = await rig.client.post("/v1/hold", json=body, headers=AUTH)
     assert (resp.status, (await resp.json())["mode"]) == (409, "image")
     for bad in ({"seconds": 0, "holder": "x"}, {"seconds": 60, "holder": ""}, []):

@@ -6,7 +6,7 @@ import pytest
 from promtext import Exposition
 
 from cardshare import exposition
-from cardshare.arbiter.engine import ALERT_NAMES
+from cardshare.arbiter.common import ALERT_NAMES
 from cardshare.arbiter.metrics import families
 from cardshare.arbiter.states import Mode
 from cardshare.arbiter.store import PhaseTiming, SwapRecord

@@ -75,11 +75,11 @@ async def test_the_engine_prewarms_with_the_last_job_and_reports_it(tmp_path: Pa
     engine = make_engine(
         tmp_path, world, idle_seconds=1.0, prewarm_paths=(str(model),), prewarm_margin_bytes=GIB
     )
-    engine.meminfo = lambda: 8 * GIB
+    engine.swaps.meminfo = lambda: 8 * GIB
     job = engine.submit_job(WORKFLOW, {"in.png": PNG}).id
     await run_until(engine, lambda e: e.mode is Mode.IMAGE)
-    await run_until(engine, lambda e: e.prewarm_task is not None)
-    task = engine.prewarm_task
+    await run_until(engine, lambda e: e.swaps.prewarm_task is not None)
+    task = engine.swaps.prewarm_task
     assert task is not None
     await asyncio.wait_for(asyncio.shield(task), 10)
     doc = status_doc(engine)["prewarm"]
@@ -88,4 +88,4 @@ async def test_the_engine_prewarms_with_the_last_job_and_reports_it(tmp_path: Pa
         engine,
         lambda e: e.mode is Mode.LLM and e.store.job(job).state.value == "done",  # type: ignore[union-attr]
     )
-    assert engine.prewarm_task is None  # ended with the handback: the next period starts anew
+    assert engine.swaps.prewarm_task is None  # ended with the handback: the next period starts anew

@@ -110,7 +110,7 @@ async def test_killed_during_a_job_never_runs_it_twice(
         }
         world.files[(f"cardshare/{job.id}", "s0_00001_.png")] = PNG
     elif comfy_history == "queued":
-        world.prompts["prompt-1"] = await engine._prepare(job)
+        world.prompts["prompt-1"] = await engine.jobs.prepare(job)
         world.queue.append("prompt-1")
     engine.store.close()
 

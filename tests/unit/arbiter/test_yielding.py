@@ -58,7 +58,7 @@ def engine_with(tmp_path: Path, world: World, tenant: FakeTenant) -> Any:
         yielding_tenants=(YieldingTenant(NAME, "http://127.0.0.1:1", 5.0),),
         yield_lease_seconds=60.0,
     )
-    engine.yielding = tenant
+    engine.yielders.api = tenant
     return engine
 
 
@@ -76,7 +76,7 @@ async def test_a_yielding_tenant_steps_aside_for_the_swap_and_resumes_after(
         lambda e: e.store.job(job).state.value == "done" and e.mode is Mode.LLM,  # type: ignore[union-attr]
     )
     assert tenant.calls == [f"pause {NAME} 60", f"resume {NAME}"]
-    assert not engine.paused
+    assert not engine.yielders.paused
 
 
 async def test_a_tenant_that_does_not_ack_holds_the_swap(tmp_path: Path) -> None:

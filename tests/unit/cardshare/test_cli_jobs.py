@@ -33,7 +33,8 @@ from test_integration import running_arbiter
 
 from cardshare import cli
 from cardshare.arbiter.cardview import CardClient
-from cardshare.arbiter.engine import Engine, RealClock
+from cardshare.arbiter.common import RealClock
+from cardshare.arbiter.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = INTEGRATION_TOKEN  # the token the running arbiter was given
@@ -218,8 +219,8 @@ async def test_cancel_running_is_202_and_wait_exits_1(box: Box) -> None:
             ],
         )
     )
-    await box.wait_for(lambda: box.engine.current_job is not None)
-    job_id = box.engine.current_job
+    await box.wait_for(lambda: box.engine.jobs.current_job is not None)
+    job_id = box.engine.jobs.current_job
     assert job_id is not None
     cancel = await asyncio.to_thread(
         cli.main,
@@ -275,7 +276,7 @@ async def test_outputs_of_a_queued_job(box: Box) -> None:
 async def test_status_text_and_json(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
     box.world.hang_next = 1
     job_id = await box.submit()
-    await box.wait_for(lambda: box.engine.current_job == job_id)
+    await box.wait_for(lambda: box.engine.jobs.current_job == job_id)
     code, out, err = await box.cli("status")
     assert (code, err) == (0, "")
     lines = out.splitlines()

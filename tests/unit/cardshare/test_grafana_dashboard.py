@@ -29,7 +29,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cardshare import exposition, ratchet
-from cardshare.arbiter.engine import ALERT_NAMES
+from cardshare.arbiter.common import ALERT_NAMES
 from cardshare.arbiter.metrics import families as arbiter_families
 from cardshare.arbiter.states import Mode
 from cardshare.arbiter.store import PhaseTiming, SwapRecord
