@@ -25,8 +25,10 @@ from typing import NamedTuple
 
 import pytest
 
-from cardshare import procscan
-from cardshare.procscan import DedupeUnavailable, Opener, scan_proc
+from cardshare.recorder import scan as scan_module
+from cardshare.recorder.openfiles import DedupeUnavailable
+from cardshare.recorder.procfs import Opener
+from cardshare.recorder.scan import scan_proc
 
 PDEV = "0000:03:00.0"
 
@@ -219,7 +221,7 @@ def test_holding_refused_reads_every_descriptor(
 
         return take
 
-    monkeypatch.setattr(procscan, "pidfd_take_file", refused)
+    monkeypatch.setattr(scan_module, "pidfd_take_file", refused)
     texts = {s.x_ino: rec_make_fdinfo(1, PDEV), s.y_ino: rec_make_fdinfo(2, PDEV)}
     scan = scan_proc("/", s.is_standin, opener=standin_opener(texts))
     assert scan.dedupe == "client-id"
