@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
 import stat
 from collections.abc import Callable
@@ -84,6 +85,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 # Link targets of descriptors that are not paths (never a device node).
 _PSEUDO_FILES = ("socket:", "pipe:", "anon_inode:")
+_NONES = itertools.repeat(None)
 
 
 def is_drm_char_device(st: os.stat_result) -> bool:
@@ -338,10 +340,13 @@ class DescriptorWalk:
             # what each path is, learnt once per mount namespace
             known = self.cache.setdefault(self.namespace_key(pid, pid_dfd), {})
             drm: list[bool | None] = list(map(known.get, targets))
-            if None in drm:
-                for i, answer in enumerate(drm):
-                    if answer is None:
-                        drm[i] = self.learn(fds[i], targets[i], dfd, known)
+            if None in drm:  # only those not known are visited (the others in C)
+                for i in itertools.compress(range(len(drm)), map(operator.is_, drm, _NONES)):
+                    target = targets[i]
+                    if target.startswith(_PSEUDO_FILES):
+                        drm[i] = False
+                    else:
+                        drm[i] = self.learn(fds[i], target, dfd, known)
             return list(itertools.compress(fds, drm))
         except PermissionError:
             stats.unreadable += 1
@@ -354,9 +359,7 @@ class DescriptorWalk:
             os.close(dfd)
 
     def learn(self, fd: str, target: str, dfd: int, known: dict[str, bool]) -> bool:
-        """Whether a descriptor not known yet is a DRM device; paths are remembered."""
-        if target.startswith(_PSEUDO_FILES):
-            return False
+        """Whether a descriptor whose path is not known yet is a DRM device (remembered)."""
         try:
             st = os.stat(fd, dir_fd=dfd)
         except GONE:

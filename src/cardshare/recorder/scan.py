@@ -196,19 +196,13 @@ class _Scanner(DescriptorWalk):
 
     # --- open files already read -----------------------------------------------------------
 
-    def find_rep(self, pid: int, fd: int, hint: _Rep | None) -> tuple[int, _Rep | None] | None:
+    def find_rep(self, pid: int, fd: int) -> tuple[int, _Rep | None] | None:
         """``(insert position, equal representative)``; ``None`` when this fd is gone.
 
         Raises :class:`DedupeUnavailable` when comparing is refused.
         """
         order = self.order
         assert order is not None
-        if hint is not None:
-            try:
-                if order(pid, fd, hint.pid, hint.fd) == 0:
-                    return -1, hint
-            except OSError:
-                pass  # the search below sorts out which side is gone
         reps = self.reps
         lo, hi = 0, len(reps)
         while lo < hi:
@@ -266,21 +260,41 @@ class _Scanner(DescriptorWalk):
         ``thread`` (a zombie leader's descriptors).
         """
         stats = self.stats
+        stats.drm_descriptors += len(drm_fds)
         outcomes: list[_Outcome] = []
         for fd in drm_fds:
-            stats.drm_descriptors += 1
-            found: tuple[int, _Rep | None] | None = (-1, None)
-            if self.order is not None:
+            number = int(fd)
+            order, hint = self.order, self.hint
+            rep: _Rep | None = None
+            position = -1
+            # the open file last matched or read first (the next descriptor of one process
+            # and of a forked child hold it most often): one comparison and no search
+            if order is not None and hint is not None:
                 try:
-                    found = self.find_rep(pid, int(fd), self.hint)
+                    if order(pid, number, hint.pid, hint.fd) == 0:
+                        rep = hint
+                        if hint.held:  # the common case, and all there is to do for it
+                            stats.fdinfo_reads_saved += 1
+                            if hint.key is None:
+                                stats.not_clients += 1
+                            outcomes.append(hint.key)
+                            continue
+                except OSError:
+                    pass  # the search below sorts out which side is gone
                 except DedupeUnavailable:
                     self.stop_dedupe()
-            if found is None:
-                stats.vanished += 1
-                continue
-            position, rep = found
+            if rep is None and self.order is not None:
+                try:
+                    found = self.find_rep(pid, number)
+                except DedupeUnavailable:
+                    self.stop_dedupe()
+                    found = (-1, None)
+                if found is None:
+                    stats.vanished += 1
+                    continue
+                position, rep = found
             if rep is None and position >= 0 and self.holder is not None:
-                got = self.read_held(pid, int(fd), position, pending, thread)
+                got = self.read_held(pid, number, position, pending, thread)
                 if isinstance(got, _Rep):
                     rep = got  # the file held was read before, under another descriptor
                 elif got is not None:
@@ -305,10 +319,24 @@ class _Scanner(DescriptorWalk):
             if outcome != _SKIP and self.order is not None and self.holder is None:
                 # an injected comparator: the descriptor read stands for its file
                 key = outcome if isinstance(outcome, tuple) else None
-                self.hint = _Rep(pid, int(fd), key, start)
+                self.hint = _Rep(pid, number, key, start)
                 self.reps.insert(position, self.hint)
                 mine.append(self.hint)
         return outcomes
+
+    def all_hint(self, pid: int, drm_fds: list[str]) -> bool:
+        """Whether every descriptor in ``drm_fds`` holds the hint's open file (``False`` on any
+        error: :meth:`read_unshared` then sorts each descriptor out)."""
+        order, hint = self.order, self.hint
+        assert order is not None and hint is not None
+        hint_pid, hint_fd = hint.pid, hint.fd
+        try:
+            for fd in drm_fds:
+                if order(pid, int(fd), hint_pid, hint_fd) != 0:
+                    return False
+        except (OSError, DedupeUnavailable):
+            return False
+        return True
 
     def stop_dedupe(self) -> None:
         """Comparing or holding is refused: every DRM fdinfo is read from now on."""
@@ -381,7 +409,7 @@ class _Scanner(DescriptorWalk):
             above is None or order(tid, held, above.pid, above.fd) < 0
         ):
             return position, None
-        found = self.find_rep(tid, held, None)
+        found = self.find_rep(tid, held)
         assert found is not None  # our own descriptor is not gone
         return found
 
@@ -428,7 +456,17 @@ class _Scanner(DescriptorWalk):
         pending: dict[ClientKey, FdInfo] = {}
         mine: list[_Rep] = []
         others: set[tuple[int, int | None]] = set()
-        if self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
+        hint = self.hint
+        if thread is None and hint is not None and hint.held and self.all_hint(pid, drm_fds):
+            # the common case (a forked child's descriptors, a dup()): every DRM descriptor
+            # holds the open file last matched or read; nothing read, held or searched
+            count = len(drm_fds)
+            stats.drm_descriptors += count
+            stats.fdinfo_reads_saved += count
+            if hint.key is None:
+                stats.not_clients += count
+            outcomes: list[_Outcome] = [hint.key] * count
+        elif self.order is None:  # every DRM fdinfo read (a simulated tree, no kcmp)
             stats.drm_descriptors += len(drm_fds)
             read = self.read_fdinfo
             outcomes = [read(holder_dfd, fd, pending) for fd in drm_fds]
