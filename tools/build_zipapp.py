@@ -38,13 +38,16 @@ MODULES = (
     "docker_api.py",
     "fdinfo.py",
     "naming.py",
-    "procscan.py",
     "promtext.py",
     "ratchet.py",
     "recorder/__init__.py",
     "recorder/compute.py",
+    "recorder/openfiles.py",
     "recorder/output.py",
+    "recorder/procfs.py",
     "recorder/report.py",
+    "recorder/results.py",
+    "recorder/scan.py",
 )
 PACKED = {"cardshare", "cardshare.recorder", "cardshare.campaign"} | {
     "cardshare." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")

@@ -64,8 +64,10 @@ from typing import Literal
 
 from cardshare.fdinfo import parse_fdinfo
 from cardshare.naming import DEFAULT_RULES
-from cardshare.procscan import FileOrder, ProcScan, kcmp_file_order, scan_proc
 from cardshare.recorder import sample
+from cardshare.recorder.openfiles import FileOrder, kcmp_file_order
+from cardshare.recorder.results import ProcScan
+from cardshare.recorder.scan import scan_proc
 
 FDINFO = """pos:\t0
 flags:\t0100002

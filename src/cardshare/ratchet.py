@@ -17,7 +17,7 @@ this watchdog (a hardened systemd timer runs it once a minute, like the recorder
    ``fdinfo`` (discrete card)
        the resident VRAM (:attr:`cardshare.fdinfo.FdInfo.vram_bytes`: ``drm-resident-vram0``,
        else ``drm-memory-vram0``, over every VRAM region) of the DRM clients found under
-       ``<root>/proc`` (:func:`cardshare.procscan.scan_proc`) whose naming process
+       ``<root>/proc`` (:func:`cardshare.recorder.scan.scan_proc`) whose naming process
        (:func:`cardshare.naming.naming_pid`, as the recorder attributes a client) is in this
        container's cgroup;
 
@@ -82,7 +82,8 @@ from cardshare.docker_api import (
     DockerError,
 )
 from cardshare.naming import naming_pid
-from cardshare.procscan import IsDrm, is_drm_char_device, scan_proc
+from cardshare.recorder.procfs import IsDrm, is_drm_char_device
+from cardshare.recorder.scan import scan_proc
 
 __all__ = [
     "DEFER_REASONS",

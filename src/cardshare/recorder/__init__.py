@@ -1,7 +1,7 @@
 """The recorder: who is on each DRM card, by container or command, scan after scan.
 
 One scan (:func:`run_scan`, what ``cardshare scan`` and the systemd timer run) reads
-``<root>/proc`` (:mod:`cardshare.procscan`), names each client (:mod:`cardshare.naming`),
+``<root>/proc`` (:mod:`cardshare.recorder.scan`), names each client (:mod:`cardshare.naming`),
 computes memory and per-engine busy shares since the previous scan
 (:mod:`cardshare.recorder.compute`) and writes, under the data directory:
 
@@ -106,7 +106,6 @@ from pathlib import Path
 from typing import Any
 
 from cardshare.naming import DEFAULT_RULES, CommandRule, Resolver, client_name
-from cardshare.procscan import IsDrm, ProcScan, is_drm_char_device, scan_proc
 from cardshare.recorder.compute import CardInfo, JsonDict, build_snapshot
 from cardshare.recorder.output import (
     DEFAULT_OPS,
@@ -121,6 +120,9 @@ from cardshare.recorder.output import (
     prune_history,
     scan_lock,
 )
+from cardshare.recorder.procfs import IsDrm, is_drm_char_device
+from cardshare.recorder.results import ProcScan
+from cardshare.recorder.scan import scan_proc
 
 __all__ = [
     "CURRENT",

@@ -13,7 +13,7 @@ from typing import Any
 
 from cardshare.fdinfo import FdInfo
 from cardshare.naming import naming_pid
-from cardshare.procscan import DrmClient, ProcessInfo, ProcScan
+from cardshare.recorder.results import DrmClient, ProcessInfo, ProcScan
 
 __all__ = [
     "SCHEMA_VERSION",

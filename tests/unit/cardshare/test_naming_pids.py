@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cardshare import procscan
 from cardshare.naming import is_broker, naming_pid, primary_cgroup
+from cardshare.recorder.scan import scan_proc
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def test_scan_with_the_key_does_not_share_unknown_namespaces(
         )
     assert not os.path.exists(base / "ns" / "mnt")
 
-    scan = procscan.scan_proc(str(t.root), t.is_drm)
+    scan = scan_proc(str(t.root), t.is_drm)
 
     assert [(k, c.pids) for k, c in scan.clients.items()] == [(("0000:03:00.0", 9), {401})]
     assert (scan.stats.drm_descriptors, scan.stats.not_clients) == (1, 0)

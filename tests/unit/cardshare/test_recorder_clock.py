@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from cardshare.naming import DEFAULT_RULES
-from cardshare.procscan import scan_proc
 from cardshare.recorder import ScanConfig, run_scan, sample
 from cardshare.recorder.compute import build_snapshot, interval_ns, usable_previous
+from cardshare.recorder.scan import scan_proc
 
 S = 1_000_000_000
 MIB = 1024**2

@@ -9,7 +9,6 @@ import pytest
 
 from cardshare.fdinfo import parse_fdinfo
 from cardshare.naming import DEFAULT_RULES, ContainerRef
-from cardshare.procscan import ProcessInfo, scan_proc
 from cardshare.recorder import read_cards, sample
 from cardshare.recorder.compute import (
     CardInfo,
@@ -21,6 +20,8 @@ from cardshare.recorder.compute import (
     usable_previous,
 )
 from cardshare.recorder.output import prometheus_text
+from cardshare.recorder.results import ProcessInfo
+from cardshare.recorder.scan import scan_proc
 
 S = 1_000_000_000  # ns per second
 

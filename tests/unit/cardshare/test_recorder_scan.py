@@ -1,4 +1,4 @@
-"""Tests of cardshare.procscan on synthetic /proc trees."""
+"""Tests of cardshare.recorder.scan on synthetic /proc trees."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cardshare.procscan import is_drm_char_device, read_process_info, scan_proc
+from cardshare.recorder.procfs import is_drm_char_device, read_process_info
+from cardshare.recorder.scan import scan_proc
 
 CID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 

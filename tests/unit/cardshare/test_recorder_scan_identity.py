@@ -1,4 +1,4 @@
-"""Issue 9, item 1: a reused pid never gets the client (procscan reads via a dir fd)."""
+"""Issue 9, item 1: a reused pid never gets the client (the scan reads via a dir fd)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from cardshare.naming import naming_pid
-from cardshare.procscan import _Scanner, parse_stat, scan_proc
+from cardshare.recorder.procfs import parse_stat
+from cardshare.recorder.scan import _Scanner, scan_proc
 
 VLLM_BOX = "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"
 SSHD_CG = "0::/system.slice/sshd.service\n"
@@ -129,7 +130,7 @@ def waiting_child() -> Iterator[tuple[int, Callable[[], None]]]:
 def test_reads_through_a_process_directory_fail_once_it_is_gone(
     waiting_child: tuple[int, Callable[[], None]],
 ) -> None:
-    """What procscan relies on, on the real /proc: the directory opened for a process answers
+    """What the scan relies on, on the real /proc: the directory opened for a process answers
     for that process only.  Once it has exited and been reaped, a lookup through the
     directory fails (ESRCH from its permission check on the kernels tried, ENOENT from the
     lookup itself) and a file opened before fails with ESRCH, so a record cannot take

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cardshare.naming import DEFAULT_RULES
-from cardshare.procscan import ScanPermissionError, _Scanner, scan_proc
 from cardshare.recorder import OutputError, sample
+from cardshare.recorder.scan import ScanPermissionError, _Scanner, scan_proc
 
 
 def _denying(root: str, pids: set[int]) -> Callable[..., int]:

@@ -25,8 +25,10 @@ from typing import NamedTuple
 
 import pytest
 
-from cardshare import procscan
-from cardshare.procscan import DedupeUnavailable, Opener, scan_proc
+from cardshare.recorder import scan as scan_module
+from cardshare.recorder.openfiles import DedupeUnavailable
+from cardshare.recorder.procfs import Opener
+from cardshare.recorder.scan import scan_proc
 
 PDEV = "0000:03:00.0"
 
@@ -219,7 +221,7 @@ def test_holding_refused_reads_every_descriptor(
 
         return take
 
-    monkeypatch.setattr(procscan, "pidfd_take_file", refused)
+    monkeypatch.setattr(scan_module, "pidfd_take_file", refused)
     texts = {s.x_ino: rec_make_fdinfo(1, PDEV), s.y_ino: rec_make_fdinfo(2, PDEV)}
     scan = scan_proc("/", s.is_standin, opener=standin_opener(texts))
     assert scan.dedupe == "client-id"
@@ -243,3 +245,63 @@ def test_no_pidfd_reads_every_descriptor(
     assert scan.dedupe == "client-id"
     assert {key: client.pids for key, client in scan.clients.items()} == {(PDEV, 2): {s.a, s.c}}
     assert (scan.stats.fdinfo_reads, scan.stats.fdinfo_reads_saved) == (2, 0)
+
+
+def test_processes_holding_the_last_file_read_and_others_are_counted_whole(
+    tmp_path: Path, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """A process whose DRM descriptors all hold the open file last read is counted with one
+    comparison each and nothing read; one that holds it and a file not read yet (in either
+    order) is sorted out descriptor by descriptor: every client, holder and descriptor is
+    counted, and each open file is read once."""
+    x_path, y_path = tmp_path / "standin-x", tmp_path / "standin-y"
+    x_path.write_text("DRM node stand-in X\n")
+    y_path.write_text("DRM node stand-in Y\n")
+    x = os.open(x_path, os.O_RDONLY)
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+
+    def holder(order: str) -> Callable[[], None]:
+        def body() -> None:
+            os.close(hold_w)
+            keep = os.dup(x)  # X, above the lowest free descriptor (x's, closed now)
+            os.close(x)
+            for name in order:  # x: the parent's open file X again; y: a Y of its own
+                if name == "x":
+                    os.dup(keep)
+                else:
+                    os.open(y_path, os.O_RDONLY)
+            os.write(ready_w, b".")
+            os.read(hold_r, 1)
+
+        return body
+
+    # in descriptor order: P1 X X; P2 X X Y; P3 Y X (its own Y first); P4 X
+    plans = ("x", "xy", "y", "")
+    children = [_child(holder(plan)) for plan in plans]
+    os.close(x)
+    try:
+        for _ in children:
+            os.read(ready_r, 1)
+        x_st, y_st = x_path.stat(), y_path.stat()
+        ids = {(x_st.st_dev, x_st.st_ino), (y_st.st_dev, y_st.st_ino)}
+        texts = {x_st.st_ino: rec_make_fdinfo(1, PDEV), y_st.st_ino: rec_make_fdinfo(2, PDEV)}
+        scan = scan_proc(
+            "/",
+            lambda st: (st.st_dev, st.st_ino) in ids,
+            opener=standin_opener(texts),
+        )
+        if scan.dedupe != "kcmp":
+            pytest.skip(f"kcmp is refused here (dedupe {scan.dedupe})")
+        p1, p2, p3, p4 = children
+        counted = {key: (c.pids, c.descriptors) for key, c in scan.clients.items()}
+        # each Y is an open file of its own (two of client 2 in this stand-in's text)
+        assert counted == {(PDEV, 1): ({p1, p2, p3, p4}, 6), (PDEV, 2): ({p2, p3}, 2)}
+        assert scan.stats.drm_descriptors == 8
+        assert (scan.stats.fdinfo_reads, scan.stats.fdinfo_reads_saved) == (3, 5)
+    finally:
+        os.close(hold_w)
+        for fd in (ready_r, ready_w, hold_r):
+            os.close(fd)
+        for pid in children:
+            os.waitpid(pid, 0)

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_procscan_reuse import standin_opener
+from test_recorder_scan_reuse import standin_opener
 
-from cardshare.procscan import _leader_exited, parse_stat, scan_proc
+from cardshare.recorder.procfs import leader_exited, parse_stat
+from cardshare.recorder.scan import scan_proc
 
 PDEV = "0000:03:00.0"
 
@@ -75,9 +76,9 @@ def test_the_kernel_shows_a_zombie_leaders_descriptors_only_under_its_threads(
     assert held.count(str(standin)) == 2
     with pytest.raises(FileNotFoundError):
         os.readlink(f"/proc/{pid}/ns/mnt")
-    assert _leader_exited(Path(f"/proc/{pid}/stat").read_bytes())
-    assert not _leader_exited(Path(f"/proc/{tid}/stat").read_bytes())
-    assert not _leader_exited(Path("/proc/self/stat").read_bytes())
+    assert leader_exited(Path(f"/proc/{pid}/stat").read_bytes())
+    assert not leader_exited(Path(f"/proc/{tid}/stat").read_bytes())
+    assert not leader_exited(Path("/proc/self/stat").read_bytes())
 
 
 @pytest.mark.parametrize(("compare", "reads", "saved"), [("auto", 1, 1), ("off", 2, 0)])

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cardshare.procscan import DedupeUnavailable, FileOrder, kcmp_file_order, scan_proc
+from cardshare.recorder.openfiles import DedupeUnavailable, FileOrder, kcmp_file_order
+from cardshare.recorder.scan import scan_proc
 
 # --- the dedupe logic, fed by a comparator over a synthetic tree ------------------------------
 
