@@ -29,8 +29,9 @@ build_check() {
   unwanted=$(grep -E '^(\.[^/]+|tests|molecule|lab|benchmarks|inventories/lab)(/|$)|__pycache__/|egg-info/|^(Makefile|ansible\.cfg|requirements-dev\.txt)$|^tools/' <<<"$files" \
     | grep -vx 'tools/\|tools/build_zipapp\.py' || true)
   for path in README.md meta/runtime.yml playbooks/site.yml inventories/example/hosts.yml \
-      pyproject.toml src/cardshare/cli.py tools/build_zipapp.py roles/arbiter/files/Dockerfile \
-      extras/prometheus/cardshare.rules.yml extras/grafana/cardshare.json; do
+      pyproject.toml src/cardshare/cli/__init__.py tools/build_zipapp.py \
+      roles/arbiter/files/Dockerfile extras/prometheus/cardshare.rules.yml \
+      extras/grafana/cardshare.json; do
     grep -qx "$path" <<<"$files" || missing+=("$path")
   done
   if [ -n "$unwanted" ]; then

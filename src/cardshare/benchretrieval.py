@@ -796,7 +796,7 @@ def check_arm(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchOptions:
-    """A run's settings (the command line's defaults live in ``cardshare.cli``)."""
+    """A run's settings (the command line's defaults live in ``cardshare.cli.bench``)."""
 
     base_url: str
     arm: str

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from cardshare.campaign.cli import format_status
 from cardshare.campaign.store import FileState, Store
 from cardshare.campaign.summary import (
     CampaignMonth,
@@ -21,6 +20,7 @@ from cardshare.campaign.summary import (
     read_campaign_month,
 )
 from cardshare.cli import main
+from cardshare.cli.campaign import format_status
 
 GB = 10**9
 

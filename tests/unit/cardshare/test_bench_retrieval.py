@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from cardshare import benchretrieval as bench
-from cardshare import cli
+from cardshare.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "ovms"
@@ -1041,7 +1041,7 @@ def test_cli_failures_are_one_line_and_exit_1(ovms: FakeOVMS, tmp_path: Path) ->
 def test_cli_usage_errors_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["bench", "retrieval", *argv]) == 2
+    assert main(["bench", "retrieval", *argv]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -31,10 +31,11 @@ from arbiter_fakes import (
 from test_integration import TOKEN as INTEGRATION_TOKEN
 from test_integration import running_arbiter
 
-from cardshare import cli
 from cardshare.arbiter.cardview import CardClient
 from cardshare.arbiter.common import RealClock
 from cardshare.arbiter.engine import Engine
+from cardshare.cli import arbiter as cli_arbiter
+from cardshare.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = INTEGRATION_TOKEN  # the token the running arbiter was given
@@ -75,7 +76,7 @@ class Box:
         return await self.run(full)
 
     async def run(self, argv: list[str]) -> Result:
-        code = await asyncio.to_thread(cli.main, argv)
+        code = await asyncio.to_thread(main, argv)
         out = self.capsys.readouterr()
         return code, out.out, out.err
 
@@ -147,7 +148,7 @@ async def test_submit_with_image_wait_outputs_show(box: Box) -> None:
         [f"/v1/jobs/{job_id}/outputs/0"],
     )
     code, text, _ = await box.cli("job", "show", job_id)
-    assert (code, text) == (0, cli.format_job(doc))
+    assert (code, text) == (0, cli_arbiter.format_job(doc))
 
 
 async def test_submit_prints_the_id_or_the_json(box: Box) -> None:
@@ -205,7 +206,7 @@ async def test_cancel_running_is_202_and_wait_exits_1(box: Box) -> None:
     box.world.hang_next = 1  # the prompt runs until interrupted
     waiting = asyncio.ensure_future(
         asyncio.to_thread(
-            cli.main,
+            main,
             [
                 "job",
                 "submit",
@@ -223,7 +224,7 @@ async def test_cancel_running_is_202_and_wait_exits_1(box: Box) -> None:
     job_id = box.engine.jobs.current_job
     assert job_id is not None
     cancel = await asyncio.to_thread(
-        cli.main,
+        main,
         ["job", "cancel", job_id, "--arbiter", box.url, "--token-file", str(box.token_file)],
     )
     assert cancel == 0
@@ -295,7 +296,7 @@ async def test_status_text_and_json(box: Box, monkeypatch: pytest.MonkeyPatch) -
     assert (code, err, doc["mode"], doc["current_job"]) == (0, "", "image", job_id)
 
     # without the token (the default file unreadable): the open view, the job's id hidden
-    monkeypatch.setattr(cli, "DEFAULT_TOKEN_FILE", str(box.tmp / "absent"))
+    monkeypatch.setattr(cli_arbiter, "DEFAULT_TOKEN_FILE", str(box.tmp / "absent"))
     code, out, err = await box.run(["status", "--arbiter", box.url])
     assert (code, err) == (0, "")
     assert out.splitlines()[3] == (
@@ -309,14 +310,14 @@ async def test_status_text_and_json(box: Box, monkeypatch: pytest.MonkeyPatch) -
 async def test_status_address_from_the_environment(
     box: Box, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(cli.ARBITER_URL_ENV, box.url + "/")
+    monkeypatch.setenv(cli_arbiter.ARBITER_URL_ENV, box.url + "/")
     code, out, err = await box.run(["status", "--token-file", str(box.token_file)])
     assert (code, err, out.splitlines()[0]) == (0, "", f"arbiter {box.url}")
-    monkeypatch.setenv(cli.ARBITER_URL_ENV, "localhost:8090")
+    monkeypatch.setenv(cli_arbiter.ARBITER_URL_ENV, "localhost:8090")
     assert await box.run(["status"]) == (
         2,
         "",
-        f"cardshare: error: {cli.ARBITER_URL_ENV}: expected the arbiter's address as "
+        f"cardshare: error: {cli_arbiter.ARBITER_URL_ENV}: expected the arbiter's address as "
         "http://HOST:PORT, got 'localhost:8090'\n",
     )
 
@@ -351,7 +352,7 @@ def test_format_status_of_a_swap_to_image() -> None:
             {"direction": "to_llm", "started": 500.0, "total_seconds": 95.5, "ok": False},
         ],
     }
-    assert cli.format_status(doc, "http://127.0.0.1:8090", 1040.0, authorized=True) == (
+    assert cli_arbiter.format_status(doc, "http://127.0.0.1:8090", 1040.0, authorized=True) == (
         "arbiter http://127.0.0.1:8090\n"
         "mode:      swapping since 1970-01-01T00:16:40Z (40.0 s ago)\n"
         "phase:     wait_llm_release since 1970-01-01T00:17:10Z (10.0 s ago)\n"
@@ -428,15 +429,15 @@ async def test_arbiter_down(box: Box) -> None:
 
 def test_wait_gives_up_when_the_arbiter_stays_down() -> None:
     url = f"http://127.0.0.1:{_free_port()}"
-    arbiter = cli.Arbiter(url, TOKEN, Path("/t"))
+    arbiter = cli_arbiter.Arbiter(url, TOKEN, Path("/t"))
     now = [0.0]
     progress = io.StringIO()
 
     def sleep(seconds: float) -> None:
         now[0] += max(seconds, 1.0)
 
-    with pytest.raises(cli.ArbiterError) as info:
-        cli.wait_for_job(arbiter, "j1", None, progress, clock=lambda: now[0], sleep=sleep)
+    with pytest.raises(cli_arbiter.ArbiterError) as info:
+        cli_arbiter.wait_for_job(arbiter, "j1", None, progress, clock=lambda: now[0], sleep=sleep)
     assert str(info.value).startswith(f"cannot reach the arbiter at {url}: connection refused")
     assert str(info.value).endswith("CARDSHARE_ARBITER_URL (for 60 s)")
     assert progress.getvalue() == "job j1: the arbiter does not answer, still waiting\n"

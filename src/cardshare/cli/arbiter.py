@@ -1,21 +1,5 @@
-"""``cardshare``: the recorder's command line.
-
-``cardshare scan``
-    one scan with all outputs (what the systemd timer runs once a minute).
-``cardshare clients``
-    who is on each card now.  Without ``--data-dir`` it scans twice, ``--interval`` seconds
-    apart (2 by default), and shows the busy shares between the two samples; it writes
-    nothing.  With ``--data-dir`` it reads the recorder's ``current.json`` instead (no
-    fdinfo read, no GPU wake-up).  An engine share that cannot be computed yet (no earlier
-    sample of that client) shows as ``?``, and a legend under the table says so.
-``cardshare report --month YYYY-MM``
-    per client: minutes active per engine class, peak and mean VRAM over a month of history.
-
-Container sockets given with ``--docker-socket`` and ``--podman-socket`` are used as given;
-the per-user (rootless) sockets and the kubelet's files that name Kubernetes containers are
-looked up under ``--root``.
-
-The arbiter's API (``roles/arbiter/docs/api.md``), over HTTP with the standard library:
+"""The arbiter's commands: its API (``roles/arbiter/docs/api.md``), over HTTP with the standard
+library.
 
 ``cardshare status``
     the arbiter's mode, phase, queue, engine, hold, card view, alerts and last swaps.
@@ -31,36 +15,6 @@ They talk to ``--arbiter URL`` (else ``$CARDSHARE_ARBITER_URL``, else
 ``http://127.0.0.1:8090``) with the token of ``--token-file`` (default
 ``/etc/cardshare/arbiter/token``, readable by root only); ``--json`` prints the API's own
 documents.  ``urllib`` is imported only by these verbs: the timer's ``scan`` stays light.
-
-OpenVINO Model Server's retrieval tier (``cardshare.benchretrieval``):
-
-``cardshare bench retrieval --base-url URL --arm gpu|cpu [--repository DIR] [--out FILE]``
-    warm-up and timed requests to ``/v3/rerank`` (``--documents`` per request) and
-    ``/v3/embeddings`` (one text, and ``--batch`` texts), ``--tokens-per-document`` each, from
-    ``--concurrency`` threads: p50/p95 and items/s in a JSON record that carries the base URL,
-    the UTC time, the ``/v1/config`` snapshot, the payload shape and the concurrency, and the
-    arm checked where it can be (each graph's ``target_device`` with ``--repository``; OVMS's
-    API reports no device) with what was not checked said plainly. The JSON goes to stdout or
-    ``--out`` (atomically), a short table to stderr (``--table``: the table on stdout instead of
-    the JSON). Exit 1 when the arm is contradicted or a model is not ready (nothing is timed),
-    or when every timed request of a scenario failed.
-
-The retrieval tier's watchdog (``cardshare.ratchet``), what a systemd timer runs once a minute:
-
-``cardshare ratchet --bound-bytes N --source cgroup|fdinfo --state-dir DIR --textfile PATH``
-    finds OpenVINO Model Server's container by its compose labels (``--project retrieval
-    --service ovms`` by default, on ``--docker-socket``), reads its resident memory (``cgroup``:
-    ``shmem`` of its cgroup v2 ``memory.stat``; ``fdinfo``: the resident VRAM of its DRM
-    clients; both under ``--root``) and the requests in flight (``ovms_current_requests`` plus
-    ``ovms_current_graphs`` from ``--base-url``'s ``/metrics``, 5 s at most), and restarts it
-    (``--stop-timeout`` seconds before SIGKILL, proven by a new ``State.StartedAt``) only over
-    the bound with nothing in flight; requests in flight, or in flight unknown, defer the
-    restart to the next run.  ``--dry-run`` never restarts.  One line says why on stdout
-    (``--json``: a JSON document); counters in ``DIR/ratchet.json``; a Prometheus textfile.
-    Exit 0 also when there is no container to watch; 1 when the Engine API fails, the memory
-    cannot be read or a restart restarted nothing.
-
-Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage error.
 """
 
 from __future__ import annotations
@@ -76,263 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from cardshare.campaign.cli import COMMANDS as CAMPAIGN_COMMANDS
-from cardshare.campaign.cli import CampaignError
-from cardshare.campaign.cli import add_parsers as add_campaign_parsers
-from cardshare.campaign.summary import DATABASE as CAMPAIGN_DATABASE
-from cardshare.campaign.summary import (
-    CampaignSummaryError,
-    format_campaign_line,
-    read_campaign_month,
-)
-from cardshare.naming import (
-    DEFAULT_RULES,
-    CommandRule,
-    EngineApiResolver,
-    NamingError,
-    Resolver,
-    default_sockets,
-    read_rules_file,
-)
-from cardshare.recorder import CURRENT, HISTORY, OutputError, ScanConfig, load_snapshot, run_scan
-from cardshare.recorder import sample as take_sample
-from cardshare.recorder.report import build_report, format_report, read_month
-
-__all__ = ["main"]
-
-DEFAULT_DATA_DIR = "/var/lib/cardshare"
-# the transcode_campaign role's default transcode_campaign_data_dir
-DEFAULT_CAMPAIGN_DB = Path("/var/lib/cardshare/campaign") / CAMPAIGN_DATABASE
-DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
-DEFAULT_PODMAN_SOCKET = "/run/podman/podman.sock"
-_MONTH_RE = re.compile(r"^([0-9]{4})-(0[1-9]|1[0-2])$")
-
-
-def _month(text: str) -> str:
-    if _MONTH_RE.match(text) is None:
-        raise argparse.ArgumentTypeError(f"expected YYYY-MM, got {text!r}")
-    return text
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text}")
-    return value
-
-
-def _add_naming(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--rules",
-        type=Path,
-        help="JSON list of command rules [{pattern, name, match}] replacing the default "
-        "(every 'Plex Transcoder' process is 'plex')",
-    )
-    parser.add_argument(
-        "--docker-socket",
-        default=DEFAULT_DOCKER_SOCKET,
-        help="Docker Engine API socket for container names ('' disables)",
-    )
-    parser.add_argument(
-        "--podman-socket",
-        default=DEFAULT_PODMAN_SOCKET,
-        help="Podman API socket for container names ('' disables)",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cardshare",
-        description="Who is on the GPU: DRM fdinfo recorder; the card arbiter's status and jobs.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    scan = sub.add_parser("scan", help="scan once and write the snapshot, history, textfile")
-    scan.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
-    scan.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
-    scan.add_argument("--textfile", type=Path, help="Prometheus textfile to write (atomic)")
-    scan.add_argument(
-        "--retention-months",
-        type=_non_negative_int,
-        default=12,
-        help="months of history to keep, this one included; 0 keeps all (default 12)",
-    )
-    scan.add_argument("--quiet", action="store_true", help="print nothing on success")
-    _add_naming(scan)
-
-    clients = sub.add_parser("clients", help="who is on each card now")
-    clients.add_argument("--root", default="/", help="root prefix of /proc and /sys")
-    clients.add_argument(
-        "--data-dir", type=Path, help="read current.json from here instead of scanning"
-    )
-    clients.add_argument(
-        "--interval",
-        type=_positive_float,
-        default=2.0,
-        help="seconds between the two samples (default 2)",
-    )
-    clients.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    _add_naming(clients)
-
-    report = sub.add_parser("report", help="a month of history per client")
-    report.add_argument("--month", type=_month, required=True, help="YYYY-MM")
-    report.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
-    report.add_argument(
-        "--max-interval",
-        type=_positive_float,
-        default=120.0,
-        help="longest interval one scan may stand for, in seconds (default 120)",
-    )
-    report.add_argument(
-        "--campaign-db",
-        type=Path,
-        default=DEFAULT_CAMPAIGN_DB,
-        help="the re-encode campaign's database, for its line (default %(default)s; "
-        "no line when it does not exist)",
-    )
-    report.add_argument("--json", action="store_true", help="print the report as JSON")
-    _add_arbiter_parsers(sub)
-    _add_bench_parsers(sub)
-    add_campaign_parsers(sub)
-    _add_ratchet_parser(sub)
-    return parser
-
-
-def _rules(path: Path | None) -> tuple[CommandRule, ...]:
-    return DEFAULT_RULES if path is None else read_rules_file(path)
-
-
-def _resolver_factory(args: argparse.Namespace) -> Resolver:
-    return EngineApiResolver(
-        default_sockets(args.docker_socket, args.podman_socket, root=str(args.root)),
-        root=str(args.root),
-    )
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1024**3:.2f} GiB"
-
-
-# Printed under the table when an engine's busy share is unknown (None in the snapshot).
-ENGINES_UNKNOWN_LEGEND = (
-    "ENGINES ? = no busy share yet: no earlier sample of this client to compare with (a new or "
-    "restarted client, the first scan after a boot) or no time counted since it; the next scan "
-    "compares with this one"
-)
-
-
-def format_clients(snapshot: dict[str, Any]) -> str:
-    """A plain-text table of who is on each card, with a legend when a share is unknown."""
-    lines = [f"scan {snapshot.get('timestamp')} on {snapshot.get('host')}"]
-    unknown_share = False
-    cards = snapshot.get("cards", {})
-    if not cards:
-        lines.append("no DRM cards or clients found")
-    for pdev, card in cards.items():
-        lines.append(
-            f"card {pdev} ({card.get('driver') or '?'}): VRAM used "
-            f"{_gib(card.get('vram_used_bytes'))} of {_gib(card.get('vram_total_bytes'))}"
-        )
-        if not card["clients"]:
-            lines.append("  no clients")
-            continue
-        rows = [("CLIENT", "VRAM", "GTT", "SYSTEM", "ENGINES", "PIDS")]
-        for c in card["clients"]:
-            unknown_share = unknown_share or None in c["engines"].values()
-            engines = " ".join(
-                f"{k}={'?' if v is None else f'{v * 100:.0f}%'}" for k, v in c["engines"].items()
-            )
-            rows.append(
-                (
-                    c["name"],
-                    _gib(c["vram_bytes"]),
-                    _gib(c["gtt_bytes"]),
-                    _gib(c["system_bytes"]),
-                    engines or "-",
-                    ",".join(str(p) for p in c["pids"]),
-                )
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines.extend(
-            "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows
-        )
-    if unknown_share:
-        lines.append(ENGINES_UNKNOWN_LEGEND)
-    return "\n".join(lines) + "\n"
-
-
-def _cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    config = ScanConfig(
-        root=args.root,
-        data_dir=args.data_dir,
-        textfile=args.textfile,
-        retention_months=args.retention_months,
-        rules=_rules(args.rules),
-        resolver_factory=lambda: _resolver_factory(args),
-    )
-    snapshot = run_scan(config)
-    if not args.quiet:
-        clients = sum(len(c["clients"]) for c in snapshot["cards"].values())
-        out.write(
-            f"{clients} clients on {len(snapshot['cards'])} cards; "
-            f"wrote {args.data_dir / CURRENT}\n"
-        )
-    return 0
-
-
-def _cmd_clients(args: argparse.Namespace, out: TextIO) -> int:
-    if args.data_dir is not None:
-        snapshot = load_snapshot(args.data_dir / CURRENT)
-    else:
-        rules = _rules(args.rules)
-        resolver = _resolver_factory(args)
-        _, state = take_sample(args.root, rules, resolver, None)
-        time.sleep(args.interval)
-        snapshot, _ = take_sample(args.root, rules, resolver, state)
-    if args.json:
-        out.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
-    else:
-        out.write(format_clients(snapshot))
-    return 0
-
-
-def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    # a closed month is gzipped by the first scan of the next one: both files are read
-    snapshots, bad = read_month(args.data_dir / HISTORY, args.month)
-    report = build_report(args.month, snapshots, bad, args.max_interval)
-    # the campaign's month beside the card's: what its time on the card won back
-    campaign: dict[str, Any] | None
-    try:
-        summary = read_campaign_month(args.campaign_db, args.month)
-        campaign = summary.as_dict() if summary else None
-        line = format_campaign_line(summary) if summary else None
-    except CampaignSummaryError as exc:
-        campaign = {"error": str(exc)}
-        line = f"re-encode campaign: its database cannot be read ({exc})"
-    if args.json:
-        out.write(
-            json.dumps(report.as_dict() | {"campaign": campaign}, indent=2, sort_keys=True) + "\n"
-        )
-    else:
-        out.write(format_report(report) + (line + "\n" if line else ""))
-    return 0
-
-
-# -- the arbiter's API: status and image jobs ------------------------------------------------
+from cardshare.cli.common import UsageError, arbiter_url, gib, positive_float
 
 DEFAULT_ARBITER_URL = "http://127.0.0.1:8090"
 DEFAULT_TOKEN_FILE = "/etc/cardshare/arbiter/token"
@@ -356,32 +54,6 @@ class Unreachable(ArbiterError):
     """No HTTP answer at all: refused, unknown host, timed out, connection broken."""
 
 
-class UsageError(Exception):
-    """A usage error found after parsing (exit 2)."""
-
-
-def _arbiter_url(text: str) -> str:
-    """``http(s)://HOST[:PORT][/prefix]`` without a trailing slash."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018  # a bad port raises ValueError here
-    except ValueError:
-        parts = None
-    if (
-        parts is None
-        or parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or parts.query
-        or parts.fragment
-    ):
-        raise argparse.ArgumentTypeError(
-            f"expected the arbiter's address as http://HOST:PORT, got {text!r}"
-        )
-    return text.rstrip("/")
-
-
 def resolve_arbiter_url(given: str | None, environ: dict[str, str] | None = None) -> str:
     """``--arbiter``, else ``$CARDSHARE_ARBITER_URL``, else the role's default address."""
     if given is not None:
@@ -391,7 +63,7 @@ def resolve_arbiter_url(given: str | None, environ: dict[str, str] | None = None
     if not value:
         return DEFAULT_ARBITER_URL
     try:
-        return _arbiter_url(value)
+        return arbiter_url(value)
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"{ARBITER_URL_ENV}: {exc}") from None
 
@@ -747,7 +419,7 @@ def format_status(doc: dict[str, Any], url: str, now: float, authorized: bool) -
         lines.append("card:      no card data yet")
     else:
         clients = ", ".join(
-            f"{c.get('name')} {_gib(c.get('vram_bytes'))}"
+            f"{c.get('name')} {gib(c.get('vram_bytes'))}"
             + (f" ({' '.join(c['busy_engines'])} busy)" if c.get("busy_engines") else "")
             for c in card.get("clients") or []
         )
@@ -948,7 +620,7 @@ def _add_arbiter(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arbiter",
         metavar="URL",
-        type=_arbiter_url,
+        type=arbiter_url,
         help=f"the arbiter's API (default ${ARBITER_URL_ENV}, else {DEFAULT_ARBITER_URL})",
     )
     parser.add_argument(
@@ -960,7 +632,7 @@ def _add_arbiter(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the API's JSON document")
 
 
-def _add_arbiter_parsers(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     status = sub.add_parser("status", help="the arbiter: mode, queue, engine, alerts, swaps")
     _add_arbiter(status)
     job = sub.add_parser("job", help="image jobs on the arbiter: submit, show, outputs, cancel")
@@ -982,7 +654,7 @@ def _add_arbiter_parsers(sub: Any) -> None:
     )
     submit.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="with --wait: give up waiting after S seconds (the job stays queued)",
     )
@@ -999,301 +671,10 @@ def _add_arbiter_parsers(sub: Any) -> None:
     _add_arbiter(cancel)
 
 
+COMMANDS = {"status": _cmd_status}
 JOB_COMMANDS = {
     "submit": _cmd_job_submit,
     "show": _cmd_job_show,
     "outputs": _cmd_job_outputs,
     "cancel": _cmd_job_cancel,
 }
-
-
-# -- benchmarks -------------------------------------------------------------------------------
-
-# The defaults of `cardshare bench retrieval` (the seed's runs: 20 candidates, batches of 32,
-# 3 warm-up and 30 timed calls; a short passage, one client).
-BENCH_RERANK_MODEL = "bge-reranker-v2-m3"
-BENCH_EMBEDDINGS_MODEL = "bge-m3"
-BENCH_DOCUMENTS = 20
-BENCH_TOKENS_PER_DOCUMENT = 64
-BENCH_BATCH = 32
-BENCH_CONCURRENCY = 1
-BENCH_WARMUP = 3
-BENCH_ITERATIONS = 30
-BENCH_TIMEOUT_SECONDS = 60.0
-BENCH_SCENARIOS = ("rerank", "embed-single", "embed-batch")
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
-    return value
-
-
-def _ovms_url(text: str) -> str:
-    """OpenVINO Model Server's REST address, ``http(s)://HOST[:PORT][/prefix]``."""
-    try:
-        return _arbiter_url(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected OpenVINO Model Server's REST address as http://HOST:PORT, got {text!r}"
-        ) from None
-
-
-def _add_bench_parsers(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: retrieval (OpenVINO Model Server)")
-    verbs = bench.add_subparsers(dest="bench_command", required=True, metavar="VERB")
-    retrieval = verbs.add_parser(
-        "retrieval",
-        help="rerank and embeddings latency and throughput, in a record that carries its evidence",
-        description="Warm-up and timed requests to OpenVINO Model Server's /v3/rerank and "
-        "/v3/embeddings (one text, and batches); p50/p95 and items/s in a JSON record with the "
-        "base URL, the UTC time, the /v1/config snapshot, the payload shape, the concurrency and "
-        "the arm checked where it can be.",
-    )
-    retrieval.add_argument(
-        "--base-url",
-        type=_ovms_url,
-        required=True,
-        metavar="URL",
-        help="the server's REST address, e.g. http://127.0.0.1:8000 (no default: it changes "
-        "together with --arm)",
-    )
-    retrieval.add_argument(
-        "--arm",
-        choices=("gpu", "cpu"),
-        required=True,
-        help="the device you believe serves the models; checked where it can be",
-    )
-    retrieval.add_argument(
-        "--repository",
-        type=Path,
-        metavar="DIR",
-        help="the exported model repository the server serves (its config.json): each graph's "
-        "target_device is compared with --arm",
-    )
-    retrieval.add_argument(
-        "--rerank-model",
-        default=BENCH_RERANK_MODEL,
-        metavar="NAME",
-        help=f"the rerank servable (default {BENCH_RERANK_MODEL})",
-    )
-    retrieval.add_argument(
-        "--embeddings-model",
-        default=BENCH_EMBEDDINGS_MODEL,
-        metavar="NAME",
-        help=f"the embeddings servable (default {BENCH_EMBEDDINGS_MODEL})",
-    )
-    retrieval.add_argument(
-        "--documents",
-        type=_positive_int,
-        default=BENCH_DOCUMENTS,
-        metavar="N",
-        help=f"rerank candidates per request (default {BENCH_DOCUMENTS})",
-    )
-    retrieval.add_argument(
-        "--tokens-per-document",
-        type=_positive_int,
-        default=BENCH_TOKENS_PER_DOCUMENT,
-        metavar="T",
-        help="approximate tokens in each document and embedding input, as words "
-        f"(default {BENCH_TOKENS_PER_DOCUMENT})",
-    )
-    retrieval.add_argument(
-        "--batch",
-        type=_positive_int,
-        default=BENCH_BATCH,
-        metavar="B",
-        help=f"embedding inputs per batched request (default {BENCH_BATCH})",
-    )
-    retrieval.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=BENCH_CONCURRENCY,
-        metavar="C",
-        help=f"client threads sending at once (default {BENCH_CONCURRENCY})",
-    )
-    retrieval.add_argument(
-        "--warmup",
-        type=_non_negative_int,
-        default=BENCH_WARMUP,
-        metavar="W",
-        help=f"untimed requests before each scenario (default {BENCH_WARMUP})",
-    )
-    retrieval.add_argument(
-        "--iterations",
-        type=_positive_int,
-        default=BENCH_ITERATIONS,
-        metavar="I",
-        help=f"timed requests per scenario (default {BENCH_ITERATIONS})",
-    )
-    retrieval.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=BENCH_TIMEOUT_SECONDS,
-        metavar="S",
-        help=f"seconds a request may wait for the server (default {BENCH_TIMEOUT_SECONDS:g})",
-    )
-    retrieval.add_argument(
-        "--scenario",
-        action="append",
-        choices=BENCH_SCENARIOS,
-        metavar="NAME",
-        help=f"run only these ({', '.join(BENCH_SCENARIOS)}; repeatable; default all)",
-    )
-    retrieval.add_argument(
-        "--out", type=Path, metavar="FILE", help="write the JSON here (atomically), not stdout"
-    )
-    retrieval.add_argument(
-        "--table",
-        action="store_true",
-        help="print the table on stdout instead of the JSON (which still goes to --out)",
-    )
-
-
-def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
-    # imported here: only this command needs it
-    from cardshare import benchretrieval as bench
-
-    scenarios = tuple(dict.fromkeys(args.scenario or BENCH_SCENARIOS))
-    options = bench.BenchOptions(
-        base_url=args.base_url,
-        arm=args.arm,
-        repository=args.repository,
-        rerank_model=args.rerank_model,
-        embeddings_model=args.embeddings_model,
-        payload=bench.PayloadShape(
-            documents=args.documents,
-            tokens_per_document=args.tokens_per_document,
-            batch=args.batch,
-        ),
-        concurrency=args.concurrency,
-        warmup=args.warmup,
-        iterations=args.iterations,
-        timeout=args.timeout,
-        scenarios=scenarios,
-    )
-    try:
-        report = bench.run(options, progress=sys.stderr)
-    except bench.BenchError as exc:
-        print(f"cardshare: error: {exc}", file=sys.stderr)
-        return 1
-    return bench.emit(report, out=out, err=sys.stderr, out_file=args.out, table=args.table)
-
-
-BENCH_COMMANDS = {"retrieval": _cmd_bench_retrieval}
-
-
-# -- the retrieval tier's watchdog ------------------------------------------------------------
-
-
-def _add_ratchet_parser(sub: Any) -> None:
-    ratchet = sub.add_parser(
-        "ratchet",
-        help="restart OpenVINO Model Server when its resident memory passes a bound, when idle",
-        description="One run of the retrieval tier's watchdog: read the server's resident "
-        "memory and the requests in flight; over --bound-bytes with nothing in flight, restart "
-        "its container; log why, keep counters, write a Prometheus textfile.",
-    )
-    ratchet.add_argument("--project", default="retrieval", help="compose project (retrieval)")
-    ratchet.add_argument("--service", default="ovms", help="compose service (ovms)")
-    ratchet.add_argument(
-        "--base-url",
-        type=_ovms_url,
-        default="http://127.0.0.1:8000",
-        metavar="URL",
-        help="the server's REST address, for /metrics (default http://127.0.0.1:8000)",
-    )
-    ratchet.add_argument(
-        "--bound-bytes",
-        type=_positive_int,
-        required=True,
-        metavar="N",
-        help="restart when the resident memory is above N bytes and nothing is in flight",
-    )
-    ratchet.add_argument(
-        "--source",
-        choices=("cgroup", "fdinfo"),
-        required=True,
-        help="cgroup: shmem of the container's cgroup v2 memory.stat (integrated GPU); "
-        "fdinfo: resident VRAM of its DRM clients (discrete card)",
-    )
-    ratchet.add_argument(
-        "--state-dir", type=Path, required=True, metavar="DIR", help="where ratchet.json is kept"
-    )
-    ratchet.add_argument(
-        "--textfile", type=Path, required=True, metavar="PATH", help="Prometheus textfile (atomic)"
-    )
-    ratchet.add_argument(
-        "--docker-socket",
-        default=DEFAULT_DOCKER_SOCKET,
-        help=f"Docker Engine API socket (default {DEFAULT_DOCKER_SOCKET})",
-    )
-    ratchet.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
-    ratchet.add_argument(
-        "--stop-timeout",
-        type=_non_negative_int,
-        default=30,
-        metavar="S",
-        help="seconds between SIGTERM and SIGKILL when restarting (default 30)",
-    )
-    ratchet.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
-    ratchet.add_argument("--json", action="store_true", help="print the run as JSON")
-
-
-def _cmd_ratchet(args: argparse.Namespace, out: TextIO) -> int:
-    # imported here: only this command needs it
-    from cardshare import ratchet
-
-    config = ratchet.RatchetConfig(
-        bound_bytes=args.bound_bytes,
-        source=args.source,
-        state_dir=args.state_dir,
-        textfile=args.textfile,
-        project=args.project,
-        service=args.service,
-        base_url=args.base_url,
-        docker_socket=args.docker_socket,
-        root=args.root,
-        stop_timeout=args.stop_timeout,
-        dry_run=args.dry_run,
-        json=args.json,
-        metrics_timeout=ratchet.METRICS_TIMEOUT_SECONDS,
-    )
-    return ratchet.run(config, out=out, err=sys.stderr)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (argparse usage errors give 2)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    commands = {
-        "scan": _cmd_scan,
-        "clients": _cmd_clients,
-        "report": _cmd_report,
-        "status": _cmd_status,
-        "ratchet": _cmd_ratchet,
-    }
-    command = commands.get(args.command)
-    if command is None:
-        if args.command == "campaign":
-            command = CAMPAIGN_COMMANDS[args.campaign_command]
-        elif args.command == "bench":
-            command = BENCH_COMMANDS[args.bench_command]
-        else:
-            command = JOB_COMMANDS[args.job_command]
-    try:
-        return command(args, sys.stdout)
-    except UsageError as exc:
-        print(f"cardshare: error: {exc}", file=sys.stderr)
-        return 2
-    except (OutputError, NamingError, ArbiterError, CampaignError) as exc:
-        print(f"cardshare: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"cardshare: error:{where} {exc.strerror or exc}", file=sys.stderr)
-        return 1

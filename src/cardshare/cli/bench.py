@@ -1,0 +1,179 @@
+"""OpenVINO Model Server's retrieval tier (``cardshare.benchretrieval``):
+
+``cardshare bench retrieval --base-url URL --arm gpu|cpu [--repository DIR] [--out FILE]``
+    warm-up and timed requests to ``/v3/rerank`` (``--documents`` per request) and
+    ``/v3/embeddings`` (one text, and ``--batch`` texts), ``--tokens-per-document`` each, from
+    ``--concurrency`` threads: p50/p95 and items/s in a JSON record that carries the base URL,
+    the UTC time, the ``/v1/config`` snapshot, the payload shape and the concurrency, and the
+    arm checked where it can be (each graph's ``target_device`` with ``--repository``; OVMS's
+    API reports no device) with what was not checked said plainly. The JSON goes to stdout or
+    ``--out`` (atomically), a short table to stderr (``--table``: the table on stdout instead of
+    the JSON). Exit 1 when the arm is contradicted or a model is not ready (nothing is timed),
+    or when every timed request of a scenario failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from cardshare.cli.common import non_negative_int, ovms_url, positive_float, positive_int
+
+# The defaults of `cardshare bench retrieval` (the seed's runs: 20 candidates, batches of 32,
+# 3 warm-up and 30 timed calls; a short passage, one client).
+BENCH_RERANK_MODEL = "bge-reranker-v2-m3"
+BENCH_EMBEDDINGS_MODEL = "bge-m3"
+BENCH_DOCUMENTS = 20
+BENCH_TOKENS_PER_DOCUMENT = 64
+BENCH_BATCH = 32
+BENCH_CONCURRENCY = 1
+BENCH_WARMUP = 3
+BENCH_ITERATIONS = 30
+BENCH_TIMEOUT_SECONDS = 60.0
+BENCH_SCENARIOS = ("rerank", "embed-single", "embed-batch")
+
+
+def add_parsers(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: retrieval (OpenVINO Model Server)")
+    verbs = bench.add_subparsers(dest="bench_command", required=True, metavar="VERB")
+    retrieval = verbs.add_parser(
+        "retrieval",
+        help="rerank and embeddings latency and throughput, in a record that carries its evidence",
+        description="Warm-up and timed requests to OpenVINO Model Server's /v3/rerank and "
+        "/v3/embeddings (one text, and batches); p50/p95 and items/s in a JSON record with the "
+        "base URL, the UTC time, the /v1/config snapshot, the payload shape, the concurrency and "
+        "the arm checked where it can be.",
+    )
+    retrieval.add_argument(
+        "--base-url",
+        type=ovms_url,
+        required=True,
+        metavar="URL",
+        help="the server's REST address, e.g. http://127.0.0.1:8000 (no default: it changes "
+        "together with --arm)",
+    )
+    retrieval.add_argument(
+        "--arm",
+        choices=("gpu", "cpu"),
+        required=True,
+        help="the device you believe serves the models; checked where it can be",
+    )
+    retrieval.add_argument(
+        "--repository",
+        type=Path,
+        metavar="DIR",
+        help="the exported model repository the server serves (its config.json): each graph's "
+        "target_device is compared with --arm",
+    )
+    retrieval.add_argument(
+        "--rerank-model",
+        default=BENCH_RERANK_MODEL,
+        metavar="NAME",
+        help=f"the rerank servable (default {BENCH_RERANK_MODEL})",
+    )
+    retrieval.add_argument(
+        "--embeddings-model",
+        default=BENCH_EMBEDDINGS_MODEL,
+        metavar="NAME",
+        help=f"the embeddings servable (default {BENCH_EMBEDDINGS_MODEL})",
+    )
+    retrieval.add_argument(
+        "--documents",
+        type=positive_int,
+        default=BENCH_DOCUMENTS,
+        metavar="N",
+        help=f"rerank candidates per request (default {BENCH_DOCUMENTS})",
+    )
+    retrieval.add_argument(
+        "--tokens-per-document",
+        type=positive_int,
+        default=BENCH_TOKENS_PER_DOCUMENT,
+        metavar="T",
+        help="approximate tokens in each document and embedding input, as words "
+        f"(default {BENCH_TOKENS_PER_DOCUMENT})",
+    )
+    retrieval.add_argument(
+        "--batch",
+        type=positive_int,
+        default=BENCH_BATCH,
+        metavar="B",
+        help=f"embedding inputs per batched request (default {BENCH_BATCH})",
+    )
+    retrieval.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=BENCH_CONCURRENCY,
+        metavar="C",
+        help=f"client threads sending at once (default {BENCH_CONCURRENCY})",
+    )
+    retrieval.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=BENCH_WARMUP,
+        metavar="W",
+        help=f"untimed requests before each scenario (default {BENCH_WARMUP})",
+    )
+    retrieval.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=BENCH_ITERATIONS,
+        metavar="I",
+        help=f"timed requests per scenario (default {BENCH_ITERATIONS})",
+    )
+    retrieval.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=BENCH_TIMEOUT_SECONDS,
+        metavar="S",
+        help=f"seconds a request may wait for the server (default {BENCH_TIMEOUT_SECONDS:g})",
+    )
+    retrieval.add_argument(
+        "--scenario",
+        action="append",
+        choices=BENCH_SCENARIOS,
+        metavar="NAME",
+        help=f"run only these ({', '.join(BENCH_SCENARIOS)}; repeatable; default all)",
+    )
+    retrieval.add_argument(
+        "--out", type=Path, metavar="FILE", help="write the JSON here (atomically), not stdout"
+    )
+    retrieval.add_argument(
+        "--table",
+        action="store_true",
+        help="print the table on stdout instead of the JSON (which still goes to --out)",
+    )
+
+
+def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
+    # imported here: only this command needs it
+    from cardshare import benchretrieval as bench
+
+    scenarios = tuple(dict.fromkeys(args.scenario or BENCH_SCENARIOS))
+    options = bench.BenchOptions(
+        base_url=args.base_url,
+        arm=args.arm,
+        repository=args.repository,
+        rerank_model=args.rerank_model,
+        embeddings_model=args.embeddings_model,
+        payload=bench.PayloadShape(
+            documents=args.documents,
+            tokens_per_document=args.tokens_per_document,
+            batch=args.batch,
+        ),
+        concurrency=args.concurrency,
+        warmup=args.warmup,
+        iterations=args.iterations,
+        timeout=args.timeout,
+        scenarios=scenarios,
+    )
+    try:
+        report = bench.run(options, progress=sys.stderr)
+    except bench.BenchError as exc:
+        print(f"cardshare: error: {exc}", file=sys.stderr)
+        return 1
+    return bench.emit(report, out=out, err=sys.stderr, out_file=args.out, table=args.table)
+
+
+COMMANDS = {"retrieval": _cmd_bench_retrieval}

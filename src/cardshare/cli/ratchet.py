@@ -1,0 +1,103 @@
+"""The retrieval tier's watchdog (``cardshare.ratchet``), what a systemd timer runs once a minute:
+
+``cardshare ratchet --bound-bytes N --source cgroup|fdinfo --state-dir DIR --textfile PATH``
+    finds OpenVINO Model Server's container by its compose labels (``--project retrieval
+    --service ovms`` by default, on ``--docker-socket``), reads its resident memory (``cgroup``:
+    ``shmem`` of its cgroup v2 ``memory.stat``; ``fdinfo``: the resident VRAM of its DRM
+    clients; both under ``--root``) and the requests in flight (``ovms_current_requests`` plus
+    ``ovms_current_graphs`` from ``--base-url``'s ``/metrics``, 5 s at most), and restarts it
+    (``--stop-timeout`` seconds before SIGKILL, proven by a new ``State.StartedAt``) only over
+    the bound with nothing in flight; requests in flight, or in flight unknown, defer the
+    restart to the next run.  ``--dry-run`` never restarts.  One line says why on stdout
+    (``--json``: a JSON document); counters in ``DIR/ratchet.json``; a Prometheus textfile.
+    Exit 0 also when there is no container to watch; 1 when the Engine API fails, the memory
+    cannot be read or a restart restarted nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from cardshare.cli.common import DEFAULT_DOCKER_SOCKET, non_negative_int, ovms_url, positive_int
+
+
+def add_parsers(sub: Any) -> None:
+    ratchet = sub.add_parser(
+        "ratchet",
+        help="restart OpenVINO Model Server when its resident memory passes a bound, when idle",
+        description="One run of the retrieval tier's watchdog: read the server's resident "
+        "memory and the requests in flight; over --bound-bytes with nothing in flight, restart "
+        "its container; log why, keep counters, write a Prometheus textfile.",
+    )
+    ratchet.add_argument("--project", default="retrieval", help="compose project (retrieval)")
+    ratchet.add_argument("--service", default="ovms", help="compose service (ovms)")
+    ratchet.add_argument(
+        "--base-url",
+        type=ovms_url,
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="the server's REST address, for /metrics (default http://127.0.0.1:8000)",
+    )
+    ratchet.add_argument(
+        "--bound-bytes",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="restart when the resident memory is above N bytes and nothing is in flight",
+    )
+    ratchet.add_argument(
+        "--source",
+        choices=("cgroup", "fdinfo"),
+        required=True,
+        help="cgroup: shmem of the container's cgroup v2 memory.stat (integrated GPU); "
+        "fdinfo: resident VRAM of its DRM clients (discrete card)",
+    )
+    ratchet.add_argument(
+        "--state-dir", type=Path, required=True, metavar="DIR", help="where ratchet.json is kept"
+    )
+    ratchet.add_argument(
+        "--textfile", type=Path, required=True, metavar="PATH", help="Prometheus textfile (atomic)"
+    )
+    ratchet.add_argument(
+        "--docker-socket",
+        default=DEFAULT_DOCKER_SOCKET,
+        help=f"Docker Engine API socket (default {DEFAULT_DOCKER_SOCKET})",
+    )
+    ratchet.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
+    ratchet.add_argument(
+        "--stop-timeout",
+        type=non_negative_int,
+        default=30,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when restarting (default 30)",
+    )
+    ratchet.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
+    ratchet.add_argument("--json", action="store_true", help="print the run as JSON")
+
+
+def _cmd_ratchet(args: argparse.Namespace, out: TextIO) -> int:
+    # imported here: only this command needs it
+    from cardshare import ratchet
+
+    config = ratchet.RatchetConfig(
+        bound_bytes=args.bound_bytes,
+        source=args.source,
+        state_dir=args.state_dir,
+        textfile=args.textfile,
+        project=args.project,
+        service=args.service,
+        base_url=args.base_url,
+        docker_socket=args.docker_socket,
+        root=args.root,
+        stop_timeout=args.stop_timeout,
+        dry_run=args.dry_run,
+        json=args.json,
+        metrics_timeout=ratchet.METRICS_TIMEOUT_SECONDS,
+    )
+    return ratchet.run(config, out=out, err=sys.stderr)
+
+
+COMMANDS = {"ratchet": _cmd_ratchet}
