@@ -616,7 +616,9 @@ def _cmd_job_cancel(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _add_arbiter(parser: argparse.ArgumentParser) -> None:
+def _arbiter_options() -> argparse.ArgumentParser:
+    """The parent of every arbiter command: its address, the token, ``--json``."""
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument(
         "--arbiter",
         metavar="URL",
@@ -630,14 +632,15 @@ def _add_arbiter(parser: argparse.ArgumentParser) -> None:
         help=f"file of the arbiter's bearer token (default {DEFAULT_TOKEN_FILE}, root only)",
     )
     parser.add_argument("--json", action="store_true", help="print the API's JSON document")
+    return parser
 
 
 def add_parsers(sub: Any) -> None:
-    status = sub.add_parser("status", help="the arbiter: mode, queue, engine, alerts, swaps")
-    _add_arbiter(status)
+    shared = [_arbiter_options()]
+    sub.add_parser("status", help="the arbiter: mode, queue, engine, alerts, swaps", parents=shared)
     job = sub.add_parser("job", help="image jobs on the arbiter: submit, show, outputs, cancel")
     verbs = job.add_subparsers(dest="job_command", required=True, metavar="VERB")
-    submit = verbs.add_parser("submit", help="submit a ComfyUI API-format workflow")
+    submit = verbs.add_parser("submit", help="submit a ComfyUI API-format workflow", parents=shared)
     submit.add_argument("workflow", type=Path, metavar="WORKFLOW.json")
     submit.add_argument(
         "--image",
@@ -658,17 +661,17 @@ def add_parsers(sub: Any) -> None:
         metavar="S",
         help="with --wait: give up waiting after S seconds (the job stays queued)",
     )
-    _add_arbiter(submit)
-    show = verbs.add_parser("show", help="a job's state, reason, attempts and outputs")
+    show = verbs.add_parser(
+        "show", help="a job's state, reason, attempts and outputs", parents=shared
+    )
     show.add_argument("id", metavar="ID")
-    _add_arbiter(show)
-    outputs = verbs.add_parser("outputs", help="write a done job's images as DIR/<id>-<n>.png")
+    outputs = verbs.add_parser(
+        "outputs", help="write a done job's images as DIR/<id>-<n>.png", parents=shared
+    )
     outputs.add_argument("id", metavar="ID")
     outputs.add_argument("--to", type=Path, required=True, metavar="DIR")
-    _add_arbiter(outputs)
-    cancel = verbs.add_parser("cancel", help="cancel a queued or running job")
+    cancel = verbs.add_parser("cancel", help="cancel a queued or running job", parents=shared)
     cancel.add_argument("id", metavar="ID")
-    _add_arbiter(cancel)
 
 
 COMMANDS = {"status": _cmd_status}

@@ -1,5 +1,5 @@
-"""What the command families share: argument types, the Docker socket's default, the usage
-error, a size in GiB."""
+"""What the command families share: argument types, the ``--root`` option (an argparse parent),
+the Docker socket's default, the usage error, a size in GiB."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 
 class UsageError(Exception):
     """A usage error found after parsing (exit 2)."""
+
+
+def root_option() -> argparse.ArgumentParser:
+    """The parent of the commands that read ``/proc`` and ``/sys``."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
+    return parent
 
 
 def non_negative_int(text: str) -> int:

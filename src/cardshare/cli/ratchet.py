@@ -21,7 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from cardshare.cli.common import DEFAULT_DOCKER_SOCKET, non_negative_int, ovms_url, positive_int
+from cardshare.cli.common import (
+    DEFAULT_DOCKER_SOCKET,
+    non_negative_int,
+    ovms_url,
+    positive_int,
+    root_option,
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,6 +37,7 @@ def add_parsers(sub: Any) -> None:
         description="One run of the retrieval tier's watchdog: read the server's resident "
         "memory and the requests in flight; over --bound-bytes with nothing in flight, restart "
         "its container; log why, keep counters, write a Prometheus textfile.",
+        parents=[root_option()],
     )
     ratchet.add_argument("--project", default="retrieval", help="compose project (retrieval)")
     ratchet.add_argument("--service", default="ovms", help="compose service (ovms)")
@@ -66,7 +73,6 @@ def add_parsers(sub: Any) -> None:
         default=DEFAULT_DOCKER_SOCKET,
         help=f"Docker Engine API socket (default {DEFAULT_DOCKER_SOCKET})",
     )
-    ratchet.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
     ratchet.add_argument(
         "--stop-timeout",
         type=non_negative_int,

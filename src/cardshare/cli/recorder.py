@@ -31,7 +31,13 @@ from cardshare.campaign.summary import (
     format_campaign_line,
     read_campaign_month,
 )
-from cardshare.cli.common import DEFAULT_DOCKER_SOCKET, gib, non_negative_int, positive_float
+from cardshare.cli.common import (
+    DEFAULT_DOCKER_SOCKET,
+    gib,
+    non_negative_int,
+    positive_float,
+    root_option,
+)
 from cardshare.naming import (
     DEFAULT_RULES,
     CommandRule,
@@ -57,7 +63,9 @@ def _month(text: str) -> str:
     return text
 
 
-def _add_naming(parser: argparse.ArgumentParser) -> None:
+def _naming_options() -> argparse.ArgumentParser:
+    """The parent of the commands that name clients: ``--root``, the rules and the sockets."""
+    parser = argparse.ArgumentParser(add_help=False, parents=[root_option()])
     parser.add_argument(
         "--rules",
         type=Path,
@@ -74,11 +82,14 @@ def _add_naming(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PODMAN_SOCKET,
         help="Podman API socket for container names ('' disables)",
     )
+    return parser
 
 
 def add_parsers(sub: Any) -> None:
-    scan = sub.add_parser("scan", help="scan once and write the snapshot, history, textfile")
-    scan.add_argument("--root", default="/", help="root prefix of /proc and /sys (default /)")
+    naming = [_naming_options()]
+    scan = sub.add_parser(
+        "scan", help="scan once and write the snapshot, history, textfile", parents=naming
+    )
     scan.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     scan.add_argument("--textfile", type=Path, help="Prometheus textfile to write (atomic)")
     scan.add_argument(
@@ -88,10 +99,8 @@ def add_parsers(sub: Any) -> None:
         help="months of history to keep, this one included; 0 keeps all (default 12)",
     )
     scan.add_argument("--quiet", action="store_true", help="print nothing on success")
-    _add_naming(scan)
 
-    clients = sub.add_parser("clients", help="who is on each card now")
-    clients.add_argument("--root", default="/", help="root prefix of /proc and /sys")
+    clients = sub.add_parser("clients", help="who is on each card now", parents=naming)
     clients.add_argument(
         "--data-dir", type=Path, help="read current.json from here instead of scanning"
     )
@@ -102,7 +111,6 @@ def add_parsers(sub: Any) -> None:
         help="seconds between the two samples (default 2)",
     )
     clients.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    _add_naming(clients)
 
     report = sub.add_parser("report", help="a month of history per client")
     report.add_argument("--month", type=_month, required=True, help="YYYY-MM")
