@@ -30,7 +30,6 @@ MODULES = (
     "__init__.py",
     "__main__.py",
     "atomicfile.py",
-    "benchretrieval.py",
     "campaign/__init__.py",
     "campaign/summary.py",
     "cli/__init__.py",
@@ -44,7 +43,6 @@ MODULES = (
     "fdinfo.py",
     "naming.py",
     "promtext.py",
-    "ratchet.py",
     "recorder/__init__.py",
     "recorder/compute.py",
     "recorder/openfiles.py",
@@ -53,6 +51,14 @@ MODULES = (
     "recorder/report.py",
     "recorder/results.py",
     "recorder/scan.py",
+    "retrieval/__init__.py",
+    "retrieval/arm.py",
+    "retrieval/bench.py",
+    "retrieval/inflight.py",
+    "retrieval/ratchet.py",
+    "retrieval/record.py",
+    "retrieval/resident.py",
+    "retrieval/wire.py",
 )
 PACKED = {"cardshare", "cardshare.recorder", "cardshare.campaign"} | {
     "cardshare." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")

@@ -1,4 +1,4 @@
-"""OpenVINO Model Server's retrieval tier (``cardshare.benchretrieval``):
+"""OpenVINO Model Server's retrieval tier (``cardshare.retrieval.bench``):
 
 ``cardshare bench retrieval --base-url URL --arm gpu|cpu [--repository DIR] [--out FILE]``
     warm-up and timed requests to ``/v3/rerank`` (``--documents`` per request) and
@@ -148,7 +148,7 @@ def add_parsers(sub: Any) -> None:
 
 def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
     # imported here: only this command needs it
-    from cardshare import benchretrieval as bench
+    from cardshare.retrieval import bench, record
 
     scenarios = tuple(dict.fromkeys(args.scenario or BENCH_SCENARIOS))
     options = bench.BenchOptions(
@@ -157,7 +157,7 @@ def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
         repository=args.repository,
         rerank_model=args.rerank_model,
         embeddings_model=args.embeddings_model,
-        payload=bench.PayloadShape(
+        payload=record.PayloadShape(
             documents=args.documents,
             tokens_per_document=args.tokens_per_document,
             batch=args.batch,
@@ -170,7 +170,7 @@ def _cmd_bench_retrieval(args: argparse.Namespace, out: TextIO) -> int:
     )
     try:
         report = bench.run(options, progress=sys.stderr)
-    except bench.BenchError as exc:
+    except record.BenchError as exc:
         print(f"cardshare: error: {exc}", file=sys.stderr)
         return 1
     return bench.emit(report, out=out, err=sys.stderr, out_file=args.out, table=args.table)

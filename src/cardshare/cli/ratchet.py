@@ -1,4 +1,5 @@
-"""The retrieval tier's watchdog (``cardshare.ratchet``), what a systemd timer runs once a minute:
+"""The retrieval tier's watchdog (``cardshare.retrieval.ratchet``), what a systemd timer runs once
+a minute:
 
 ``cardshare ratchet --bound-bytes N --source cgroup|fdinfo --state-dir DIR --textfile PATH``
     finds OpenVINO Model Server's container by its compose labels (``--project retrieval
@@ -86,7 +87,7 @@ def add_parsers(sub: Any) -> None:
 
 def _cmd_ratchet(args: argparse.Namespace, out: TextIO) -> int:
     # imported here: only this command needs it
-    from cardshare import ratchet
+    from cardshare.retrieval import inflight, ratchet
 
     config = ratchet.RatchetConfig(
         bound_bytes=args.bound_bytes,
@@ -101,7 +102,7 @@ def _cmd_ratchet(args: argparse.Namespace, out: TextIO) -> int:
         stop_timeout=args.stop_timeout,
         dry_run=args.dry_run,
         json=args.json,
-        metrics_timeout=ratchet.METRICS_TIMEOUT_SECONDS,
+        metrics_timeout=inflight.METRICS_TIMEOUT_SECONDS,
     )
     return ratchet.run(config, out=out, err=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""``cardshare bench retrieval`` (``cardshare.benchretrieval``): the record that cannot be made
+"""``cardshare bench retrieval`` (``cardshare.retrieval``): the record that cannot be made
 without its evidence, the statistics, each kind of failure counted, the arm checked both ways,
 and the command line end to end.
 
@@ -26,8 +26,24 @@ from typing import Any
 
 import pytest
 
-from cardshare import benchretrieval as bench
 from cardshare.cli import main
+from cardshare.retrieval import bench
+from cardshare.retrieval.arm import arm_of_device, check_arm, graph_target_devices
+from cardshare.retrieval.record import (
+    QUERY_WORDS,
+    SCENARIOS,
+    ArmCheck,
+    BenchError,
+    BenchRecord,
+    PayloadShape,
+)
+from cardshare.retrieval.wire import (
+    Answer,
+    check_embeddings_answer,
+    check_rerank_answer,
+    embeddings_body,
+    rerank_body,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "ovms"
@@ -212,9 +228,7 @@ def make_repository(root: Path, embed_device: str = "GPU", rerank_device: str = 
 
 
 def options(base_url: str, **changes: Any) -> bench.BenchOptions:
-    payload = changes.pop(
-        "payload", bench.PayloadShape(documents=4, tokens_per_document=12, batch=3)
-    )
+    payload = changes.pop("payload", PayloadShape(documents=4, tokens_per_document=12, batch=3))
     values: dict[str, Any] = {
         "base_url": base_url,
         "arm": "gpu",
@@ -226,7 +240,7 @@ def options(base_url: str, **changes: Any) -> bench.BenchOptions:
         "warmup": 1,
         "iterations": 3,
         "timeout": 5.0,
-        "scenarios": bench.SCENARIOS,
+        "scenarios": SCENARIOS,
     }
     values.update(changes)
     return bench.BenchOptions(**values)
@@ -242,12 +256,12 @@ def record_kwargs() -> dict[str, Any]:
         "base_url": "http://127.0.0.1:8000",
         "utc_time": WHEN,
         "server_config": json.loads((FIXTURES / "v1-config.available.json").read_text()),
-        "payload": bench.PayloadShape(documents=20, tokens_per_document=64, batch=32),
+        "payload": PayloadShape(documents=20, tokens_per_document=64, batch=32),
         "concurrency": 4,
         "arm": "gpu",
-        "arm_check": bench.ArmCheck(arm="gpu", verdict="not checked", checked=(), not_checked=()),
+        "arm_check": ArmCheck(arm="gpu", verdict="not checked", checked=(), not_checked=()),
         "models": {"rerank": RERANK, "embeddings": EMBED},
-        "scenarios": bench.SCENARIOS,
+        "scenarios": SCENARIOS,
         "warmup": 3,
         "iterations": 30,
         "timeout_seconds": 60.0,
@@ -259,7 +273,7 @@ def test_record_refuses_construction_without_each_input(name: str) -> None:
     kwargs = record_kwargs()
     del kwargs[name]
     with pytest.raises(TypeError, match=f"missing 1 required keyword-only argument: '{name}'"):
-        bench.BenchRecord(**kwargs)
+        BenchRecord(**kwargs)
 
 
 @pytest.mark.parametrize("name", ["documents", "tokens_per_document", "batch"])
@@ -267,14 +281,14 @@ def test_payload_shape_refuses_construction_without_each_input(name: str) -> Non
     kwargs = {"documents": 20, "tokens_per_document": 64, "batch": 32}
     del kwargs[name]
     with pytest.raises(TypeError, match=f"missing 1 required keyword-only argument: '{name}'"):
-        bench.PayloadShape(**kwargs)
+        PayloadShape(**kwargs)
 
 
 def test_record_and_shape_take_no_positional_arguments() -> None:
     with pytest.raises(TypeError, match="positional argument"):
-        bench.PayloadShape(20, 64, 32)  # type: ignore[call-arg]
+        PayloadShape(20, 64, 32)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="positional argument"):
-        bench.BenchRecord(*record_kwargs().values())  # type: ignore[call-arg]
+        BenchRecord(*record_kwargs().values())  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -302,7 +316,7 @@ def test_record_and_shape_take_no_positional_arguments() -> None:
         ("arm", "npu", ValueError, "arm must be one of gpu, cpu, got 'npu'"),
         (
             "arm_check",
-            bench.ArmCheck(arm="cpu", verdict="agrees", checked=(), not_checked=()),
+            ArmCheck(arm="cpu", verdict="agrees", checked=(), not_checked=()),
             ValueError,
             "arm_check is for arm cpu, not gpu",
         ),
@@ -320,7 +334,7 @@ def test_record_refuses_bad_inputs(name: str, value: Any, error: type, message: 
     kwargs = record_kwargs()
     kwargs[name] = value
     with pytest.raises(error) as raised:
-        bench.BenchRecord(**kwargs)
+        BenchRecord(**kwargs)
     assert message in str(raised.value)
 
 
@@ -341,13 +355,13 @@ def test_payload_shape_refuses_bad_inputs(name: str, value: Any, error: type, me
     kwargs: dict[str, Any] = {"documents": 20, "tokens_per_document": 64, "batch": 32}
     kwargs[name] = value
     with pytest.raises(error, match=message):
-        bench.PayloadShape(**kwargs)
+        PayloadShape(**kwargs)
 
 
 def test_record_keeps_a_copy_of_the_snapshot() -> None:
     kwargs = record_kwargs()
     live = kwargs["server_config"]
-    record = bench.BenchRecord(**kwargs)
+    record = BenchRecord(**kwargs)
     live[EMBED]["model_version_status"][0]["state"] = "END"
     assert (
         record.as_dict()["server_config"][EMBED]["model_version_status"][0]["state"] == "AVAILABLE"
@@ -497,7 +511,7 @@ def _rerank(results: Any) -> bytes:
     ],
 )
 def test_rerank_answers(data: bytes, problem: str | None) -> None:
-    assert bench.check_rerank_answer(data, 2).problem == problem
+    assert check_rerank_answer(data, 2).problem == problem
 
 
 def _embed(items: Any, usage: Any = None) -> bytes:
@@ -539,7 +553,7 @@ def _embed(items: Any, usage: Any = None) -> bytes:
     ],
 )
 def test_embeddings_answers_refused(data: bytes, problem: str) -> None:
-    assert bench.check_embeddings_answer(data, 2).problem == problem
+    assert check_embeddings_answer(data, 2).problem == problem
 
 
 def test_embeddings_answer_gives_dimension_and_server_tokens() -> None:
@@ -547,7 +561,7 @@ def test_embeddings_answer_gives_dimension_and_server_tokens() -> None:
         [{"embedding": [0.1, 0.2, 0.3], "index": 1}, {"embedding": [0.3, 0.2, 0.1], "index": 0}],
         {"prompt_tokens": 14, "total_tokens": 14},
     )
-    assert bench.check_embeddings_answer(data, 2) == bench.Answer(None, 3, 14)
+    assert check_embeddings_answer(data, 2) == Answer(None, 3, 14)
 
 
 # -- against the stand-in -----------------------------------------------------------------------
@@ -604,26 +618,20 @@ def test_a_clean_run_has_the_record_and_the_results(ovms: FakeOVMS, tmp_path: Pa
 
 
 def test_texts_are_about_the_token_count_and_reproducible() -> None:
-    body = json.loads(bench.embeddings_body(EMBED, 3, 50, variant=2))
+    body = json.loads(embeddings_body(EMBED, 3, 50, variant=2))
     assert [len(t.split()) for t in body["input"]] == [50, 50, 50]
     assert len(set(body["input"])) == 3
-    assert bench.embeddings_body(EMBED, 3, 50, variant=2) == bench.embeddings_body(
-        EMBED, 3, 50, variant=2
-    )
-    assert bench.embeddings_body(EMBED, 3, 50, variant=2) != bench.embeddings_body(
-        EMBED, 3, 50, variant=3
-    )
-    single = json.loads(bench.embeddings_body(EMBED, None, 7, variant=0))
+    assert embeddings_body(EMBED, 3, 50, variant=2) == embeddings_body(EMBED, 3, 50, variant=2)
+    assert embeddings_body(EMBED, 3, 50, variant=2) != embeddings_body(EMBED, 3, 50, variant=3)
+    single = json.loads(embeddings_body(EMBED, None, 7, variant=0))
     assert isinstance(single["input"], str)
     assert len(single["input"].split()) == 7
     rerank = json.loads(
-        bench.rerank_body(
-            RERANK, bench.PayloadShape(documents=5, tokens_per_document=9, batch=1), 0
-        )
+        rerank_body(RERANK, PayloadShape(documents=5, tokens_per_document=9, batch=1), 0)
     )
     assert len(rerank["documents"]) == 5
     assert {len(d.split()) for d in rerank["documents"]} == {9}
-    assert len(rerank["query"].split()) == bench.QUERY_WORDS
+    assert len(rerank["query"].split()) == QUERY_WORDS
 
 
 def _only(kind: str, result: bench.ScenarioResult, count: int) -> None:
@@ -635,7 +643,7 @@ def _only(kind: str, result: bench.ScenarioResult, count: int) -> None:
 
 def test_the_rerank_guards_400_is_counted_with_its_words(ovms: FakeOVMS) -> None:
     ovms.max_position_embeddings = 64  # 60-word documents make 2 chunks each: 50 -> 100
-    payload = bench.PayloadShape(documents=50, tokens_per_document=60, batch=1)
+    payload = PayloadShape(documents=50, tokens_per_document=60, batch=1)
     report = bench.run(options(ovms.url, payload=payload, scenarios=("rerank",)))
     (result,) = report.results
     _only("http_status", result, 3)
@@ -716,7 +724,7 @@ def test_concurrent_clients_send_every_request(ovms: FakeOVMS) -> None:
 
 def test_every_request_failing_exits_1_after_the_record(ovms: FakeOVMS, tmp_path: Path) -> None:
     ovms.max_position_embeddings = 64
-    payload = bench.PayloadShape(documents=50, tokens_per_document=60, batch=2)
+    payload = PayloadShape(documents=50, tokens_per_document=60, batch=2)
     report = bench.run(options(ovms.url, payload=payload))
     out_file = tmp_path / "bench.json"
     out, err = io.StringIO(), io.StringIO()
@@ -737,7 +745,7 @@ def test_every_request_failing_exits_1_after_the_record(ovms: FakeOVMS, tmp_path
 
 def test_a_model_that_is_not_ready_stops_the_run_before_timing(ovms: FakeOVMS) -> None:
     ovms.config = json.loads((FIXTURES / "v1-config.rerank-failed.json").read_text())
-    with pytest.raises(bench.BenchError) as raised:
+    with pytest.raises(BenchError) as raised:
         bench.run(options(ovms.url))
     assert str(raised.value) == (
         f"model {RERANK} is not ready at {ovms.url} (GET /v2/models/{RERANK}/ready answered 404: "
@@ -748,7 +756,7 @@ def test_a_model_that_is_not_ready_stops_the_run_before_timing(ovms: FakeOVMS) -
 
 
 def test_a_model_the_server_does_not_serve(ovms: FakeOVMS) -> None:
-    with pytest.raises(bench.BenchError) as raised:
+    with pytest.raises(BenchError) as raised:
         bench.run(options(ovms.url, embeddings_model="bge-large"))
     assert str(raised.value) == (
         f"model bge-large is not ready at {ovms.url} (GET /v2/models/bge-large/ready answered "
@@ -758,14 +766,14 @@ def test_a_model_the_server_does_not_serve(ovms: FakeOVMS) -> None:
 
 
 def test_no_server_and_not_a_server(ovms: FakeOVMS) -> None:
-    with pytest.raises(bench.BenchError) as raised:
+    with pytest.raises(BenchError) as raised:
         bench.run(options("http://127.0.0.1:9"))
     assert str(raised.value) == (
         "cannot reach OpenVINO Model Server at http://127.0.0.1:9: connection refused; is it "
         "running, and is --base-url its REST address?"
     )
     ovms.config_body = b"<html>a login page</html>"
-    with pytest.raises(bench.BenchError, match="did not answer a JSON object"):
+    with pytest.raises(BenchError, match="did not answer a JSON object"):
         bench.run(options(ovms.url))
 
 
@@ -810,7 +818,7 @@ def test_arm_checked_against_the_repository(ovms: FakeOVMS, tmp_path: Path) -> N
 
 def test_arm_contradicted_by_the_repository_times_nothing(ovms: FakeOVMS, tmp_path: Path) -> None:
     repo = make_repository(tmp_path / "cpu", "CPU", "CPU")
-    with pytest.raises(bench.BenchError) as raised:
+    with pytest.raises(BenchError) as raised:
         bench.run(options(ovms.url, repository=repo))
     assert str(raised.value) == (
         f"--arm gpu is contradicted, nothing was timed: {EMBED}: {repo / EMBED / 'graph.pbtxt'} "
@@ -832,7 +840,7 @@ def test_arm_checked_against_a_server_that_reports_a_device(
 ) -> None:
     config = json.loads((FIXTURES / "v1-config.available.json").read_text())
     config[EMBED]["model_version_status"][0]["target_device"] = reported
-    check = bench.check_arm(arm, [EMBED], config, None, "http://h:8000")
+    check = check_arm(arm, [EMBED], config, None, "http://h:8000")
     assert check.verdict == verdict
     word = "agrees with" if verdict == "agrees" else "CONTRADICTS"
     assert check.checked == (
@@ -842,7 +850,7 @@ def test_arm_checked_against_a_server_that_reports_a_device(
 
 def test_a_reporting_server_contradicting_the_arm_stops_the_run(ovms: FakeOVMS) -> None:
     ovms.device = "CPU"
-    with pytest.raises(bench.BenchError, match="--arm gpu is contradicted, nothing was timed"):
+    with pytest.raises(BenchError, match="--arm gpu is contradicted, nothing was timed"):
         bench.run(options(ovms.url))
     assert ovms.v3_requests() == []
 
@@ -853,7 +861,7 @@ def test_arm_check_limits(tmp_path: Path) -> None:
     graph = repo / RERANK / "graph.pbtxt"
     # a comment naming another device is not the graph's device
     graph.write_text('# was target_device: "CPU" before the re-export\n' + graph.read_text())
-    check = bench.check_arm("gpu", [EMBED, RERANK], config, repo, "http://h:8000")
+    check = check_arm("gpu", [EMBED, RERANK], config, repo, "http://h:8000")
     assert check.verdict == "partly checked"
     assert check.checked == (f"{RERANK}: {graph} says GPU: agrees with --arm gpu",)
     assert check.not_checked[1] == (
@@ -867,15 +875,15 @@ def test_a_repository_that_is_not_the_servers(tmp_path: Path) -> None:
     config["gte-large"] = config[EMBED]
     repo = make_repository(tmp_path / "r")
     (repo / RERANK / "graph.pbtxt").write_text('node { calculator: "RerankCalculatorOV" }\n')
-    check = bench.check_arm("gpu", [EMBED, RERANK, "gte-large"], config, repo, "http://h:8000")
+    check = check_arm("gpu", [EMBED, RERANK, "gte-large"], config, repo, "http://h:8000")
     assert check.not_checked[1:4] == (
         f"{RERANK}: {repo / RERANK / 'graph.pbtxt'} names no target_device",
         f"gte-large: {repo / 'config.json'} lists no servable of that name",
         f"{repo / 'config.json'} lists {EMBED}, {RERANK} but the server's /v1/config lists "
         f"{EMBED}, {RERANK}, gte-large: this repository may not be what the server loaded",
     )
-    with pytest.raises(bench.BenchError) as raised:
-        bench.check_arm("gpu", [EMBED], config, tmp_path / "absent", "http://h:8000")
+    with pytest.raises(BenchError) as raised:
+        check_arm("gpu", [EMBED], config, tmp_path / "absent", "http://h:8000")
     assert str(raised.value) == (
         f"cannot read the model repository's {tmp_path / 'absent'}: No such file or directory; "
         "--repository takes the exported repository the server serves (its config.json)"
@@ -884,13 +892,11 @@ def test_a_repository_that_is_not_the_servers(tmp_path: Path) -> None:
 
 def test_graph_devices_ignore_comments() -> None:
     text = (FIXTURES / "rerank-graph.gpu.pbtxt").read_text()
-    assert bench.graph_target_devices(text) == ["GPU"]
-    assert bench.graph_target_devices(
-        'x: "a # b"  # target_device: "CPU"\ntarget_device: "GPU"'
-    ) == ["GPU"]
-    assert [
-        bench.arm_of_device(d) for d in ("GPU", "GPU.1", "cpu", "NPU", "AUTO", "HETERO:GPU,CPU")
-    ] == [
+    assert graph_target_devices(text) == ["GPU"]
+    assert graph_target_devices('x: "a # b"  # target_device: "CPU"\ntarget_device: "GPU"') == [
+        "GPU"
+    ]
+    assert [arm_of_device(d) for d in ("GPU", "GPU.1", "cpu", "NPU", "AUTO", "HETERO:GPU,CPU")] == [
         "gpu",
         "gpu",
         "cpu",
@@ -1059,8 +1065,9 @@ def _builder() -> Any:
 
 def test_the_module_is_standard_library_only() -> None:
     """Ready for the recorder's zipapp: the builder's own check finds nothing foreign."""
-    source = (ROOT / "src" / "cardshare" / "benchretrieval.py").read_text()
-    assert _builder().foreign_imports(source, "benchretrieval.py") == []
+    for module in ("bench", "record", "wire", "arm"):
+        source = (ROOT / "src" / "cardshare" / "retrieval" / f"{module}.py").read_text()
+        assert _builder().foreign_imports(source, f"{module}.py") == []
 
 
 def test_the_zipapp_carries_the_bench(tmp_path: Path) -> None:
@@ -1085,5 +1092,5 @@ def test_the_zipapp_carries_the_bench(tmp_path: Path) -> None:
     )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
-    assert "benchretrieval.py" in builder.MODULES
+    assert "retrieval/bench.py" in builder.MODULES
     assert "cannot reach OpenVINO Model Server" in run.stderr

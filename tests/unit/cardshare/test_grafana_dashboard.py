@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cardshare import exposition, ratchet
+from cardshare import exposition
 from cardshare.arbiter.common import ALERT_NAMES
 from cardshare.arbiter.metrics import families as arbiter_families
 from cardshare.arbiter.states import Mode
@@ -38,6 +38,7 @@ from cardshare.naming import DEFAULT_RULES
 from cardshare.proxy.metrics import Counters, Gauges
 from cardshare.proxy.metrics import families as proxy_families
 from cardshare.recorder import ScanConfig, run_scan
+from cardshare.retrieval import ratchet
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "extras" / "grafana" / "cardshare.json"

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cardshare import promtext, ratchet
+from cardshare import promtext
 from cardshare.campaign.server import metrics_text
 from cardshare.recorder.output import prometheus_text
+from cardshare.retrieval import ratchet
 
 # quote, backslash, newline, and the escaped forms themselves (must not be unescaped twice)
 HOSTILE = ('a"b', "a\\b", "a\nb", 'a\\"b', "a\\nb", "\\", '"', "\n", "", "é ☃ {},=")

@@ -1,4 +1,4 @@
-"""Tests of ``cardshare ratchet`` (:mod:`cardshare.ratchet`), the retrieval tier's watchdog.
+"""Tests of ``cardshare ratchet`` (:mod:`cardshare.retrieval`), the retrieval tier's watchdog.
 
 Against the fault suite's fake Docker Engine (``tests/faults/fake_docker.py``: a real process
 on a unix socket whose containers are real processes; a restart spawns a new one with a new
@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 from promtext import Exposition
 
-from cardshare import ratchet
 from cardshare.cli import main
 from cardshare.docker_api import DockerClient
+from cardshare.retrieval import inflight, ratchet, resident
 
 ROOT = Path(__file__).resolve().parents[3]
 FAULTS = ROOT / "tests" / "faults"
@@ -388,7 +388,7 @@ def test_requests_in_flight_defer(world: World, requests: int, graphs: int, show
 def test_in_flight_unknown_defers(
     world: World, monkeypatch: pytest.MonkeyPatch, case: str, why: str
 ) -> None:
-    monkeypatch.setattr(ratchet, "METRICS_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(inflight, "METRICS_TIMEOUT_SECONDS", 0.3)
     world.resident(5 * GIB)
     url = world.ovms.url
     if case == "refused":
@@ -648,7 +648,7 @@ def test_parse_exposition_accepts_the_format() -> None:
         "neg -0.5\n"
         "\n"
     )
-    expo = ratchet.parse_exposition(text)
+    expo = inflight.parse_exposition(text)
     assert expo.types == {"m_total": "counter"}
     assert [(s.name, s.labels) for s in expo.samples] == [
         ("m_total", {"a": 'x"y\\z\n', "b": ""}),
@@ -686,7 +686,7 @@ def test_parse_exposition_accepts_the_format() -> None:
 )
 def test_parse_exposition_refuses(text: str, message: str) -> None:
     with pytest.raises(ValueError) as caught:
-        ratchet.parse_exposition(text)
+        inflight.parse_exposition(text)
     assert str(caught.value) == message
 
 
@@ -704,14 +704,14 @@ def test_parse_exposition_refuses(text: str, message: str) -> None:
     ],
 )
 def test_in_flight_of(text: str, expected: float | str) -> None:
-    expo = ratchet.parse_exposition(text)
+    expo = inflight.parse_exposition(text)
     if isinstance(expected, float):
-        assert ratchet.in_flight_of(expo) == expected
+        assert inflight.in_flight_of(expo) == expected
     else:
         with pytest.raises(
             ValueError, match="^" + expected.replace("{", "\\{").replace("(", "\\(")
         ):
-            ratchet.in_flight_of(expo)
+            inflight.in_flight_of(expo)
 
 
 @pytest.mark.parametrize(
@@ -724,18 +724,18 @@ def test_in_flight_of(text: str, expected: float | str) -> None:
     ],
 )
 def test_cgroup_v2_path(text: str, expected: str | None) -> None:
-    assert ratchet.cgroup_v2_path(text) == expected
+    assert resident.cgroup_v2_path(text) == expected
 
 
 def test_parse_memory_stat() -> None:
-    stat = ratchet.parse_memory_stat(memory_stat(5 * GIB))
+    stat = resident.parse_memory_stat(memory_stat(5 * GIB))
     assert (stat["shmem"], stat["unevictable"], stat["anon"]) == (5 * GIB, 5 * GIB, 590558003)
     with pytest.raises(ValueError, match=re.escape("line 2 is not '<key> <count>': 'shmem lots'")):
-        ratchet.parse_memory_stat("anon 1\nshmem lots\n")
+        resident.parse_memory_stat("anon 1\nshmem lots\n")
 
 
 def test_the_metrics_timeout_is_five_seconds() -> None:
-    assert ratchet.METRICS_TIMEOUT_SECONDS == 5.0
+    assert inflight.METRICS_TIMEOUT_SECONDS == 5.0
 
 
 # -- the command line and the zipapp ------------------------------------------------------------
@@ -775,9 +775,10 @@ def _builder() -> Any:
 
 def test_the_zipapp_carries_the_watchdog(tmp_path: Path) -> None:
     builder = _builder()
-    source = (ROOT / "src" / "cardshare" / "ratchet.py").read_text()
-    assert builder.foreign_imports(source, "ratchet.py") == []
-    assert "ratchet.py" in builder.MODULES
+    for module in ("retrieval/ratchet.py", "retrieval/resident.py", "retrieval/inflight.py"):
+        source = (ROOT / "src" / "cardshare" / module).read_text()
+        assert builder.foreign_imports(source, module) == []
+        assert module in builder.MODULES
     pyz = builder.build(tmp_path / "cardshare.pyz")
     missing = str(tmp_path / "no-docker.sock")
     run = subprocess.run(
@@ -800,7 +801,7 @@ def test_the_run_never_waits_for_more_than_the_timeout(monkeypatch: pytest.Monke
     ovms.delay = 2.0
     try:
         started = time.monotonic()
-        value, why = ratchet.fetch_in_flight(ovms.url, timeout=0.2)
+        value, why = inflight.fetch_in_flight(ovms.url, timeout=0.2)
         assert time.monotonic() - started < 1.5
         assert (value, why) == (None, f"GET {ovms.url}/metrics: no answer within 0.2 s")
     finally:

@@ -7,7 +7,7 @@ this watchdog (a hardened systemd timer runs it once a minute, like the recorder
 
 1. finds the server's container by its compose labels (:mod:`cardshare.docker_api`); none, or
    not running: nothing to do (``up`` 0, exit 0);
-2. reads its resident memory, by ``source``:
+2. reads its resident memory (:mod:`cardshare.retrieval.resident`), by ``source``:
 
    ``cgroup`` (integrated GPU: pinned GPU memory is shmem-backed host memory, unevictable in
    the container's cgroup)
@@ -21,7 +21,8 @@ this watchdog (a hardened systemd timer runs it once a minute, like the recorder
        (:func:`cardshare.naming.naming_pid`, as the recorder attributes a client) is in this
        container's cgroup;
 
-3. reads the requests in flight from the server's ``/metrics`` (``--metrics_enable``):
+3. reads the requests in flight (:mod:`cardshare.retrieval.inflight`) from the server's
+   ``/metrics`` (``--metrics_enable``):
    ``ovms_current_requests`` (models) plus ``ovms_current_graphs`` (MediaPipe graphs, which
    serve ``/v3/rerank`` and ``/v3/embeddings``).  Unreachable, an error status, no answer
    within :data:`METRICS_TIMEOUT_SECONDS`, a text that is not a valid exposition, or one that
@@ -56,7 +57,7 @@ Exit status: 0 when the run did its job (nothing to do, a deferral, a proven res
 container); 1 with one line on stderr when the Engine API fails, the resident memory cannot be
 read (the message names the file), a restart restarted nothing, or an output cannot be written.
 
-Standard library only: the recorder's zipapp packs this module.
+Standard library only: the recorder's zipapp packs this package.
 """
 
 from __future__ import annotations
@@ -64,9 +65,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -81,28 +80,16 @@ from cardshare.docker_api import (
     DockerClient,
     DockerError,
 )
-from cardshare.naming import naming_pid
 from cardshare.recorder.procfs import IsDrm, is_drm_char_device
-from cardshare.recorder.scan import scan_proc
+from cardshare.retrieval.inflight import METRICS_TIMEOUT_SECONDS, fetch_in_flight
+from cardshare.retrieval.resident import RatchetError, read_cgroup_memory, read_fdinfo_resident
 
 __all__ = [
     "DEFER_REASONS",
-    "IN_FLIGHT_METRICS",
-    "METRICS_TIMEOUT_SECONDS",
     "STATE_FILE",
     "Decision",
-    "Exposition",
     "RatchetConfig",
-    "RatchetError",
-    "Sample",
-    "cgroup_v2_path",
     "decide",
-    "fetch_in_flight",
-    "in_flight_of",
-    "parse_exposition",
-    "parse_memory_stat",
-    "read_cgroup_memory",
-    "read_fdinfo_resident",
     "render_metrics",
     "run",
 ]
@@ -114,336 +101,10 @@ LOCK_FILE = "ratchet.lock"
 # how long a dry run waits for a run of the timer to let the lock go (a run takes seconds)
 DRY_RUN_LOCK_WAIT_SECONDS = 60.0
 STATE_VERSION = 1
-#: How long ``/metrics`` may take to answer before in flight is unknown.
-METRICS_TIMEOUT_SECONDS = 5.0
-#: A larger ``/metrics`` answer is not read (in flight unknown).
-METRICS_MAX_BYTES = 8 * 1024 * 1024
-#: The gauges of OpenVINO Model Server whose sum is the work in flight (docs/metrics.md).
-IN_FLIGHT_METRICS = ("ovms_current_requests", "ovms_current_graphs")
 DEFER_REASONS = ("in_flight", "in_flight_unknown")
 #: The keys of the cgroup's ``memory.stat`` exported; ``shmem`` is the resident figure.
 MEMORY_STAT_KEYS = ("shmem", "unevictable", "anon")
 _ONEOFF_LABEL = "com.docker.compose.oneoff"
-
-
-class RatchetError(Exception):
-    """A run that cannot do its job: one line naming what failed (exit 1)."""
-
-
-# -- reading the resident memory ------------------------------------------------------------
-
-
-def cgroup_v2_path(text: str) -> str | None:
-    """The path of the ``0::<path>`` line of a ``/proc/<pid>/cgroup`` text (cgroup v2), or None
-    when there is none (a cgroup v1 host)."""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip()
-    return None
-
-
-def parse_memory_stat(text: str) -> dict[str, int]:
-    """``memory.stat`` of a cgroup (``<key> <bytes>`` per line) as a dict.
-
-    Raises ``ValueError`` naming the first line that is not a key and a count.
-    """
-    out: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
-            raise ValueError(f"line {number} is not '<key> <count>': {line[:80]!r}")
-        out[parts[0]] = int(parts[1])
-    return out
-
-
-def _read_text(path: str, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        raise RatchetError(f"cannot read {what} {path}: no such file") from None
-    except (OSError, UnicodeError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RatchetError(f"cannot read {what} {path}: {detail}") from None
-
-
-def read_cgroup_memory(root: str, pid: int) -> dict[str, int]:
-    """``memory.stat`` of the cgroup (v2) of process ``pid``, both files read under ``root``.
-
-    Raises :class:`RatchetError` naming the file: missing or unreadable, no ``0::`` line
-    (cgroup v1), the root cgroup (a hybrid host: the memory controller is on v1), or a
-    ``memory.stat`` without ``shmem``.
-    """
-    cgroup_file = os.path.join(root, "proc", str(pid), "cgroup")
-    path = cgroup_v2_path(_read_text(cgroup_file, "the server's cgroup file"))
-    if path is None:
-        raise RatchetError(
-            f"{cgroup_file} has no cgroup v2 line (0::<path>): a cgroup v1 host; "
-            "--source cgroup needs cgroup v2 (or use --source fdinfo)"
-        )
-    parts = path.split("/")
-    if not path.startswith("/") or ".." in parts:
-        raise RatchetError(f"{cgroup_file} names the cgroup {path!r}: not an absolute path")
-    if path == "/":
-        raise RatchetError(
-            f"{cgroup_file} places the server in the root cgroup (0::/): a hybrid cgroup host "
-            "keeps the memory controller on v1; --source cgroup needs cgroup v2"
-        )
-    stat_file = os.path.join(root, "sys", "fs", "cgroup", path.lstrip("/"), "memory.stat")
-    text = _read_text(stat_file, "the server's cgroup memory.stat")
-    try:
-        stat = parse_memory_stat(text)
-    except ValueError as exc:
-        raise RatchetError(f"cannot parse {stat_file}: {exc}") from None
-    if "shmem" not in stat:
-        raise RatchetError(f"{stat_file} has no shmem line")
-    return stat
-
-
-def read_fdinfo_resident(
-    root: str, container_id: str, is_drm: IsDrm = is_drm_char_device
-) -> tuple[int, int]:
-    """``(resident VRAM bytes, DRM clients)`` of the container ``container_id``: the DRM
-    clients under ``<root>/proc`` whose naming process is in that container (each client
-    counted once, whichever of its descriptors and processes were read)."""
-    try:
-        scan = scan_proc(root, is_drm, every_holder=True)
-    except OSError as exc:
-        where = os.path.join(root, "proc")
-        raise RatchetError(f"cannot scan {where}: {exc.strerror or exc}") from None
-    total = 0
-    clients = 0
-    for client in scan.clients.values():
-        proc = scan.processes.get(naming_pid(client.pids, scan.processes))
-        if proc is None:
-            continue
-        if proc.container is not None and proc.container.id == container_id:
-            total += client.fdinfo.vram_bytes
-            clients += 1
-    return total, clients
-
-
-# -- the requests in flight -----------------------------------------------------------------
-
-_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_VALUE_RE = re.compile(
-    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf)|NaN|nan"
-)
-_TIMESTAMP_RE = re.compile(r"-?[0-9]+")
-_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
-_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Exposition:
-    """A parsed Prometheus text exposition: the ``# TYPE`` of each family and the samples."""
-
-    types: dict[str, str]
-    samples: tuple[Sample, ...]
-
-
-def _blanks(line: str, pos: int) -> int:
-    """The position of the first character at or after ``pos`` that is not a blank or tab."""
-    while pos < len(line) and line[pos] in " \t":
-        pos += 1
-    return pos
-
-
-def _labels(line: str, pos: int, number: int) -> tuple[dict[str, str], int]:
-    """Parse ``{name="value",...}`` from ``pos`` (just after ``{``); returns the labels and
-    the position after ``}``."""
-    labels: dict[str, str] = {}
-
-    def bad(what: str) -> ValueError:
-        return ValueError(f"line {number}: {what} at column {pos + 1}: {line[:120]!r}")
-
-    while True:
-        pos = _blanks(line, pos)
-        if pos < len(line) and line[pos] == "}":
-            return labels, pos + 1
-        found = _LABEL_NAME_RE.match(line, pos)
-        if found is None:
-            raise bad("expected a label name")
-        name = found.group()
-        pos = found.end()
-        pos = _blanks(line, pos)
-        if line[pos : pos + 1] != "=":
-            raise bad(f"expected = after label {name}")
-        pos = _blanks(line, pos + 1)
-        if line[pos : pos + 1] != '"':
-            raise bad(f"expected the quoted value of label {name}")
-        pos += 1
-        value: list[str] = []
-        while True:
-            if pos >= len(line):
-                raise bad(f"unterminated value of label {name}")
-            char = line[pos]
-            if char == '"':
-                pos += 1
-                break
-            if char == "\\":
-                escaped = _ESCAPES.get(line[pos + 1 : pos + 2])
-                if escaped is None:
-                    raise bad(f"bad escape in the value of label {name}")
-                value.append(escaped)
-                pos += 2
-                continue
-            value.append(char)
-            pos += 1
-        if name in labels:
-            raise bad(f"label {name} given twice")
-        labels[name] = "".join(value)
-        pos = _blanks(line, pos)
-        if pos < len(line) and line[pos] == ",":
-            pos += 1
-            continue
-        if pos < len(line) and line[pos] == "}":
-            return labels, pos + 1
-        raise bad("expected , or }")
-
-
-def _sample(line: str, number: int) -> Sample:
-    found = _METRIC_NAME_RE.match(line)
-    if found is None:
-        raise ValueError(f"line {number}: not a metric name: {line[:120]!r}")
-    name = found.group()
-    pos = found.end()
-    labels: dict[str, str] = {}
-    after_name = _blanks(line, pos)
-    if line[after_name : after_name + 1] == "{":
-        labels, pos = _labels(line, after_name + 1, number)
-    rest = line[pos:]
-    if not rest[:1] or rest[:1] not in " \t":
-        raise ValueError(f"line {number}: expected a space and a value: {line[:120]!r}")
-    # blanks are spaces and tabs only: a carriage return is part of the value (and refused)
-    fields = re.split(r"[ \t]+", rest.strip(" \t"))
-    if not 1 <= len(fields) <= 2 or _VALUE_RE.fullmatch(fields[0]) is None:
-        raise ValueError(f"line {number}: expected a value [timestamp]: {line[:120]!r}")
-    if len(fields) == 2 and _TIMESTAMP_RE.fullmatch(fields[1]) is None:
-        raise ValueError(f"line {number}: bad timestamp: {line[:120]!r}")
-    return Sample(name, labels, float(fields[0]))
-
-
-def parse_exposition(text: str) -> Exposition:
-    """Parse the Prometheus text format (0.0.4) strictly: every line is a comment, a
-    ``# HELP``/``# TYPE`` of a valid name (a family typed twice is an error) or a sample
-    ``name{labels} value [timestamp]``; anything else raises ``ValueError`` naming the line."""
-    types: dict[str, str] = {}
-    samples: list[Sample] = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            parts = line[1:].split(None, 3)
-            if len(parts) < 2 or parts[0] not in ("HELP", "TYPE"):
-                continue  # a plain comment
-            if _METRIC_NAME_RE.fullmatch(parts[1]) is None:
-                raise ValueError(f"line {number}: bad metric name {parts[1]!r}")
-            if parts[0] == "TYPE":
-                if len(parts) != 3 or parts[2] not in _TYPES:
-                    raise ValueError(f"line {number}: bad TYPE line: {line[:120]!r}")
-                if parts[1] in types:
-                    raise ValueError(f"line {number}: {parts[1]} typed twice")
-                types[parts[1]] = parts[2]
-            continue
-        samples.append(_sample(line, number))
-    return Exposition(types, tuple(samples))
-
-
-def in_flight_of(exposition: Exposition) -> float:
-    """``ovms_current_requests`` plus ``ovms_current_graphs``, all series summed.
-
-    At least one of the two families must be there (typed, or with samples): a server that
-    exports neither (metrics off, or a ``--metrics_list`` without them) cannot say it is idle.
-    Raises ``ValueError`` when neither is there, one is typed as something else than a gauge,
-    or a value is not a finite number of 0 or more.
-    """
-    sampled = {s.name for s in exposition.samples}
-    present = [n for n in IN_FLIGHT_METRICS if n in exposition.types or n in sampled]
-    if not present:
-        raise ValueError(
-            "the metrics name neither ovms_current_requests nor ovms_current_graphs "
-            "(is the server started with --metrics_enable, and --metrics_list, if given, "
-            "listing them?)"
-        )
-    for name in present:
-        kind = exposition.types.get(name, "gauge")
-        if kind not in ("gauge", "untyped"):
-            raise ValueError(f"{name} is a {kind}, not a gauge")
-    total = 0.0
-    for sample in exposition.samples:
-        if sample.name not in IN_FLIGHT_METRICS:
-            continue
-        if not math.isfinite(sample.value) or sample.value < 0:
-            raise ValueError(f"{sample.name}{sample.labels} is {sample.value}")
-        total += sample.value
-    return total
-
-
-def fetch_in_flight(
-    base_url: str, timeout: float = METRICS_TIMEOUT_SECONDS
-) -> tuple[float | None, str]:
-    """``(in flight, "")`` from ``<base_url>/metrics``, or ``(None, why)`` when it is unknown:
-    no answer (refused, timed out after ``timeout`` seconds), an error status, a body that is
-    too large, not UTF-8 or not a valid exposition (:func:`in_flight_of`).  Never raises."""
-    # imported here: the recorder's scan stays light
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    url = base_url.rstrip("/") + "/metrics"
-    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
-    # no proxy from the environment: the server is local
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + timeout
-    try:
-        with opener.open(request, timeout=timeout) as resp:
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                chunk = resp.read(65536)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > METRICS_MAX_BYTES:
-                    return None, f"GET {url}: the answer is larger than {METRICS_MAX_BYTES} bytes"
-                if time.monotonic() > deadline:
-                    raise TimeoutError("timed out")
-                chunks.append(chunk)
-            body = b"".join(chunks)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return None, f"GET {url} answered {exc.code}"
-    except urllib.error.URLError as exc:
-        return None, f"GET {url}: {_no_answer(exc.reason, timeout)}"
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return None, f"GET {url}: {_no_answer(exc, timeout)}"
-    try:
-        return in_flight_of(parse_exposition(body.decode("utf-8"))), ""
-    except UnicodeDecodeError:
-        return None, f"GET {url}: the answer is not UTF-8 text"
-    except ValueError as exc:
-        return None, f"GET {url}: not a usable exposition: {exc}"
-
-
-def _no_answer(reason: object, timeout: float) -> str:
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, TimeoutError):
-        return f"no answer within {timeout:g} s"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror
-    return str(reason) or type(reason).__name__
 
 
 # -- the decision ---------------------------------------------------------------------------

@@ -1,0 +1,8 @@
+"""The retrieval tier's Python, standard library only (the recorder's zipapp packs it):
+
+- ``cardshare bench retrieval``: :mod:`.bench` runs it, with the record it writes
+  (:mod:`.record`), what it sends and how it reads the answers (:mod:`.wire`) and the check of
+  the arm (:mod:`.arm`);
+- ``cardshare ratchet``, the watchdog: :mod:`.ratchet` decides and acts on the resident memory
+  (:mod:`.resident`) and the requests in flight (:mod:`.inflight`).
+"""
