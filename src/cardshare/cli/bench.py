@@ -1,16 +1,5 @@
-"""OpenVINO Model Server's retrieval tier (``cardshare.retrieval.bench``):
-
-``cardshare bench retrieval --base-url URL --arm gpu|cpu [--repository DIR] [--out FILE]``
-    warm-up and timed requests to ``/v3/rerank`` (``--documents`` per request) and
-    ``/v3/embeddings`` (one text, and ``--batch`` texts), ``--tokens-per-document`` each, from
-    ``--concurrency`` threads: p50/p95 and items/s in a JSON record that carries the base URL,
-    the UTC time, the ``/v1/config`` snapshot, the payload shape and the concurrency, and the
-    arm checked where it can be (each graph's ``target_device`` with ``--repository``; OVMS's
-    API reports no device) with what was not checked said plainly. The JSON goes to stdout or
-    ``--out`` (atomically), a short table to stderr (``--table``: the table on stdout instead of
-    the JSON). Exit 1 when the arm is contradicted or a model is not ready (nothing is timed),
-    or when every timed request of a scenario failed.
-"""
+"""``cardshare bench retrieval``: its options and their defaults; the benchmark, what it sends,
+measures and records, is :mod:`cardshare.retrieval.bench`."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""The retrieval tier's watchdog (``cardshare.retrieval.ratchet``), what a systemd timer runs once
-a minute:
-
-``cardshare ratchet --bound-bytes N --source cgroup|fdinfo --state-dir DIR --textfile PATH``
-    finds OpenVINO Model Server's container by its compose labels (``--project retrieval
-    --service ovms`` by default, on ``--docker-socket``), reads its resident memory (``cgroup``:
-    ``shmem`` of its cgroup v2 ``memory.stat``; ``fdinfo``: the resident VRAM of its DRM
-    clients; both under ``--root``) and the requests in flight (``ovms_current_requests`` plus
-    ``ovms_current_graphs`` from ``--base-url``'s ``/metrics``, 5 s at most), and restarts it
-    (``--stop-timeout`` seconds before SIGKILL, proven by a new ``State.StartedAt``) only over
-    the bound with nothing in flight; requests in flight, or in flight unknown, defer the
-    restart to the next run.  ``--dry-run`` never restarts.  One line says why on stdout
-    (``--json``: a JSON document); counters in ``DIR/ratchet.json``; a Prometheus textfile.
-    Exit 0 also when there is no container to watch; 1 when the Engine API fails, the memory
-    cannot be read or a restart restarted nothing.
-"""
+"""``cardshare ratchet``: its options; the watchdog, what it reads, decides and writes, is
+:mod:`cardshare.retrieval.ratchet` (a systemd timer runs it once a minute)."""
 
 from __future__ import annotations
 

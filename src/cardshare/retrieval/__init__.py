@@ -1,4 +1,5 @@
-"""The retrieval tier's Python, standard library only (the recorder's zipapp packs it):
+"""The retrieval tier's Python, standard library only: the recorder's zipapp packs it, so both
+commands run on a bare ``python3`` beside the server.
 
 - ``cardshare bench retrieval``: :mod:`.bench` runs it, with the record it writes
   (:mod:`.record`), what it sends and how it reads the answers (:mod:`.wire`) and the check of

@@ -18,21 +18,8 @@ The record (:mod:`cardshare.retrieval.record`), what is sent and how the answers
 (:mod:`cardshare.retrieval.wire`) and the check of the arm (:mod:`cardshare.retrieval.arm`)
 are modules of their own.
 
-Method (also written into every record, ``method``): latency is per request, from sending it
-to reading the last byte of the answer, over a new TCP connection per request (as a curl loop
-makes; no proxy from the environment); the answer is parsed and checked after the clock
-stops. p50 and p95 interpolate linearly between closest ranks (R's type 7, numpy's default,
-``statistics.quantiles(method="inclusive")``) over the successful timed requests. Items per
-second are the items of the successful timed requests over the wall time of the whole timed
-phase, failed requests' time included. Warm-up requests go one at a time before each
-scenario's timed phase and are not in the statistics. Concurrency C is C client threads, each
-sending its next request as soon as its previous one is answered (a closed loop), until the
-timed requests are spent. Tokens are approximated: each text is that many words drawn
-deterministically from a fixed list of common lower-case English words, which the
-XLM-RoBERTa SentencePiece vocabulary of ``bge-m3`` and ``bge-reranker-v2-m3`` is expected to
-hold as about one piece each (not checked against the tokenizer here); the server's own count
-for embeddings (``usage.prompt_tokens``) is recorded beside it. Eight payloads of the same
-shape are cycled so consecutive requests do not carry the same text.
+The method, what the figures mean and how the texts are made, is written into every record
+(``method``: :data:`cardshare.retrieval.record.METHOD`).
 
 Failures are counted per kind, never raised: ``http_status`` (a non-2xx answer, with the
 server's ``{"error": ...}`` text, such as the rerank guard's ``Chunking failed: exceeding
@@ -43,9 +30,6 @@ without an answer). Before timing, each model must answer ``/v2/models/<name>/re
 (``/v2/health/ready`` says 200 while a model failed to load); a model that does not stops the
 run with its state from ``/v1/config``. A scenario whose timed requests all failed makes the
 run fail (exit 1) after the record is written.
-
-Standard library only (``http.client``, threads, ``json``), like the modules the recorder's
-zipapp packs, so the benchmark can run on a bare ``python3`` next to the server.
 """
 
 from __future__ import annotations

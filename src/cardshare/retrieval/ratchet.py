@@ -56,8 +56,6 @@ and writes a Prometheus textfile (both replaced atomically, :mod:`cardshare.atom
 Exit status: 0 when the run did its job (nothing to do, a deferral, a proven restart, no
 container); 1 with one line on stderr when the Engine API fails, the resident memory cannot be
 read (the message names the file), a restart restarted nothing, or an output cannot be written.
-
-Standard library only: the recorder's zipapp packs this package.
 """
 
 from __future__ import annotations
