@@ -10,21 +10,13 @@ from typing import Any, TextIO
 
 from cardshare.cli.common import non_negative_int, ovms_url, positive_float, positive_int
 
-# The defaults of `cardshare bench retrieval` (the seed's runs: 20 candidates, batches of 32,
-# 3 warm-up and 30 timed calls; a short passage, one client).
-BENCH_RERANK_MODEL = "bge-reranker-v2-m3"
-BENCH_EMBEDDINGS_MODEL = "bge-m3"
-BENCH_DOCUMENTS = 20
-BENCH_TOKENS_PER_DOCUMENT = 64
-BENCH_BATCH = 32
-BENCH_CONCURRENCY = 1
-BENCH_WARMUP = 3
-BENCH_ITERATIONS = 30
 BENCH_TIMEOUT_SECONDS = 60.0
 BENCH_SCENARIOS = ("rerank", "embed-single", "embed-batch")
 
 
 def add_parsers(sub: Any) -> None:
+    # the defaults are the seed's runs: 20 candidates, batches of 32, 3 warm-up and 30 timed
+    # calls; a short passage, one client
     bench = sub.add_parser("bench", help="benchmarks: retrieval (OpenVINO Model Server)")
     verbs = bench.add_subparsers(dest="bench_command", required=True, metavar="VERB")
     retrieval = verbs.add_parser(
@@ -58,58 +50,58 @@ def add_parsers(sub: Any) -> None:
     )
     retrieval.add_argument(
         "--rerank-model",
-        default=BENCH_RERANK_MODEL,
+        default="bge-reranker-v2-m3",
         metavar="NAME",
-        help=f"the rerank servable (default {BENCH_RERANK_MODEL})",
+        help="the rerank servable (default %(default)s)",
     )
     retrieval.add_argument(
         "--embeddings-model",
-        default=BENCH_EMBEDDINGS_MODEL,
+        default="bge-m3",
         metavar="NAME",
-        help=f"the embeddings servable (default {BENCH_EMBEDDINGS_MODEL})",
+        help="the embeddings servable (default %(default)s)",
     )
     retrieval.add_argument(
         "--documents",
         type=positive_int,
-        default=BENCH_DOCUMENTS,
+        default=20,
         metavar="N",
-        help=f"rerank candidates per request (default {BENCH_DOCUMENTS})",
+        help="rerank candidates per request (default %(default)s)",
     )
     retrieval.add_argument(
         "--tokens-per-document",
         type=positive_int,
-        default=BENCH_TOKENS_PER_DOCUMENT,
+        default=64,
         metavar="T",
         help="approximate tokens in each document and embedding input, as words "
-        f"(default {BENCH_TOKENS_PER_DOCUMENT})",
+        "(default %(default)s)",
     )
     retrieval.add_argument(
         "--batch",
         type=positive_int,
-        default=BENCH_BATCH,
+        default=32,
         metavar="B",
-        help=f"embedding inputs per batched request (default {BENCH_BATCH})",
+        help="embedding inputs per batched request (default %(default)s)",
     )
     retrieval.add_argument(
         "--concurrency",
         type=positive_int,
-        default=BENCH_CONCURRENCY,
+        default=1,
         metavar="C",
-        help=f"client threads sending at once (default {BENCH_CONCURRENCY})",
+        help="client threads sending at once (default %(default)s)",
     )
     retrieval.add_argument(
         "--warmup",
         type=non_negative_int,
-        default=BENCH_WARMUP,
+        default=3,
         metavar="W",
-        help=f"untimed requests before each scenario (default {BENCH_WARMUP})",
+        help="untimed requests before each scenario (default %(default)s)",
     )
     retrieval.add_argument(
         "--iterations",
         type=positive_int,
-        default=BENCH_ITERATIONS,
+        default=30,
         metavar="I",
-        help=f"timed requests per scenario (default {BENCH_ITERATIONS})",
+        help="timed requests per scenario (default %(default)s)",
     )
     retrieval.add_argument(
         "--timeout",
