@@ -38,8 +38,6 @@ from cardshare.retrieval.record import (
     BenchError,
 )
 
-__all__ = ["check_arm", "graph_target_devices"]
-
 _TARGET_DEVICE_RE = re.compile(r"\btarget_device\s*:\s*\"([^\"]*)\"")
 _DEVICE_KEYS = ("target_device", "device")
 

@@ -69,19 +69,6 @@ from cardshare.retrieval.wire import (
     rerank_body,
 )
 
-__all__ = [
-    "FAILURE_KINDS",
-    "BenchOptions",
-    "LatencyStats",
-    "Report",
-    "ScenarioResult",
-    "emit",
-    "format_table",
-    "latency_stats",
-    "quantile",
-    "run",
-]
-
 SCHEMA = "cardshare.bench.retrieval/1"
 FAILURE_KINDS = ("http_status", "bad_answer", "timeout", "connection")
 #: Distinct failure messages kept per scenario (the rest are counted under "other").

@@ -9,16 +9,6 @@ import re
 import time
 from dataclasses import dataclass
 
-__all__ = [
-    "IN_FLIGHT_METRICS",
-    "METRICS_TIMEOUT_SECONDS",
-    "Exposition",
-    "Sample",
-    "fetch_in_flight",
-    "in_flight_of",
-    "parse_exposition",
-]
-
 #: How long ``/metrics`` may take to answer before in flight is unknown.
 METRICS_TIMEOUT_SECONDS = 5.0
 #: A larger ``/metrics`` answer is not read (in flight unknown).

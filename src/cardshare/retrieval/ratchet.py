@@ -82,16 +82,6 @@ from cardshare.recorder.procfs import IsDrm, is_drm_char_device
 from cardshare.retrieval.inflight import METRICS_TIMEOUT_SECONDS, fetch_in_flight
 from cardshare.retrieval.resident import RatchetError, read_cgroup_memory, read_fdinfo_resident
 
-__all__ = [
-    "DEFER_REASONS",
-    "STATE_FILE",
-    "Decision",
-    "RatchetConfig",
-    "decide",
-    "render_metrics",
-    "run",
-]
-
 Source = Literal["cgroup", "fdinfo"]
 
 STATE_FILE = "ratchet.json"

@@ -19,8 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ARMS", "SCENARIOS", "ArmCheck", "BenchError", "BenchRecord", "PayloadShape"]
-
 ARMS = ("gpu", "cpu")
 RERANK = "rerank"
 EMBED_SINGLE = "embed-single"

@@ -10,14 +10,6 @@ from cardshare.naming import naming_pid
 from cardshare.recorder.procfs import IsDrm, is_drm_char_device
 from cardshare.recorder.scan import scan_proc
 
-__all__ = [
-    "RatchetError",
-    "cgroup_v2_path",
-    "parse_memory_stat",
-    "read_cgroup_memory",
-    "read_fdinfo_resident",
-]
-
 
 class RatchetError(Exception):
     """A run that cannot do its job: one line naming what failed (exit 1)."""

@@ -13,13 +13,6 @@ from urllib.parse import urlsplit
 
 from cardshare.retrieval.record import QUERY_WORDS, PayloadShape, is_int, is_number
 
-__all__ = [
-    "TransportError",
-    "check_embeddings_answer",
-    "check_rerank_answer",
-    "http_transport",
-]
-
 # Common words; the texts are drawn from these by a fixed generator, so a given shape always
 # produces the same bytes.
 _WORD_LIST = (
