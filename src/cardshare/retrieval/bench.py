@@ -175,34 +175,19 @@ def build_scenarios(options: BenchOptions) -> list[Scenario]:
     out = []
     for name in options.scenarios:
         if name == RERANK:
-            bodies = tuple(rerank_body(options.rerank_model, p, v) for v in range(ROTATION))
-            out.append(
-                Scenario(
-                    name,
-                    "/v3/rerank",
-                    options.rerank_model,
-                    p.documents,
-                    bodies,
-                    functools.partial(check_rerank_answer, documents=p.documents),
-                )
-            )
+            bodies = [rerank_body(options.rerank_model, p, v) for v in range(ROTATION)]
+            check = functools.partial(check_rerank_answer, documents=p.documents)
+            path, model, items = "/v3/rerank", options.rerank_model, p.documents
         else:
             inputs = None if name == EMBED_SINGLE else p.batch
-            bodies = tuple(
+            bodies = [
                 embeddings_body(options.embeddings_model, inputs, p.tokens_per_document, v)
                 for v in range(ROTATION)
-            )
+            ]
             items = 1 if inputs is None else inputs
-            out.append(
-                Scenario(
-                    name,
-                    "/v3/embeddings",
-                    options.embeddings_model,
-                    items,
-                    bodies,
-                    functools.partial(check_embeddings_answer, inputs=items),
-                )
-            )
+            check = functools.partial(check_embeddings_answer, inputs=items)
+            path, model = "/v3/embeddings", options.embeddings_model
+        out.append(Scenario(name, path, model, items, tuple(bodies), check))
     return out
 
 
