@@ -8,13 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from cardshare.cli.common import (
-    DEFAULT_DOCKER_SOCKET,
-    non_negative_int,
-    ovms_url,
-    positive_int,
-    root_option,
-)
+from cardshare.cli import common
 
 
 def add_parsers(sub: Any) -> None:
@@ -24,20 +18,20 @@ def add_parsers(sub: Any) -> None:
         description="One run of the retrieval tier's watchdog: read the server's resident "
         "memory and the requests in flight; over --bound-bytes with nothing in flight, restart "
         "its container; log why, keep counters, write a Prometheus textfile.",
-        parents=[root_option()],
+        parents=[common.root_option()],
     )
     ratchet.add_argument("--project", default="retrieval", help="compose project (retrieval)")
     ratchet.add_argument("--service", default="ovms", help="compose service (ovms)")
     ratchet.add_argument(
         "--base-url",
-        type=ovms_url,
+        type=common.ovms_url,
         default="http://127.0.0.1:8000",
         metavar="URL",
         help="the server's REST address, for /metrics (default http://127.0.0.1:8000)",
     )
     ratchet.add_argument(
         "--bound-bytes",
-        type=positive_int,
+        type=common.positive_int,
         required=True,
         metavar="N",
         help="restart when the resident memory is above N bytes and nothing is in flight",
@@ -57,12 +51,12 @@ def add_parsers(sub: Any) -> None:
     )
     ratchet.add_argument(
         "--docker-socket",
-        default=DEFAULT_DOCKER_SOCKET,
-        help=f"Docker Engine API socket (default {DEFAULT_DOCKER_SOCKET})",
+        default=common.DEFAULT_DOCKER_SOCKET,
+        help=f"Docker Engine API socket (default {common.DEFAULT_DOCKER_SOCKET})",
     )
     ratchet.add_argument(
         "--stop-timeout",
-        type=non_negative_int,
+        type=common.non_negative_int,
         default=30,
         metavar="S",
         help="seconds between SIGTERM and SIGKILL when restarting (default 30)",

@@ -31,13 +31,7 @@ from cardshare.campaign.summary import (
     format_campaign_line,
     read_campaign_month,
 )
-from cardshare.cli.common import (
-    DEFAULT_DOCKER_SOCKET,
-    gib,
-    non_negative_int,
-    positive_float,
-    root_option,
-)
+from cardshare.cli import common
 from cardshare.naming import (
     DEFAULT_RULES,
     CommandRule,
@@ -65,7 +59,7 @@ def _month(text: str) -> str:
 
 def _naming_options() -> argparse.ArgumentParser:
     """The parent of the commands that name clients: ``--root``, the rules and the sockets."""
-    parser = argparse.ArgumentParser(add_help=False, parents=[root_option()])
+    parser = argparse.ArgumentParser(add_help=False, parents=[common.root_option()])
     parser.add_argument(
         "--rules",
         type=Path,
@@ -74,7 +68,7 @@ def _naming_options() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--docker-socket",
-        default=DEFAULT_DOCKER_SOCKET,
+        default=common.DEFAULT_DOCKER_SOCKET,
         help="Docker Engine API socket for container names ('' disables)",
     )
     parser.add_argument(
@@ -94,7 +88,7 @@ def add_parsers(sub: Any) -> None:
     scan.add_argument("--textfile", type=Path, help="Prometheus textfile to write (atomic)")
     scan.add_argument(
         "--retention-months",
-        type=non_negative_int,
+        type=common.non_negative_int,
         default=12,
         help="months of history to keep, this one included; 0 keeps all (default 12)",
     )
@@ -106,7 +100,7 @@ def add_parsers(sub: Any) -> None:
     )
     clients.add_argument(
         "--interval",
-        type=positive_float,
+        type=common.positive_float,
         default=2.0,
         help="seconds between the two samples (default 2)",
     )
@@ -117,7 +111,7 @@ def add_parsers(sub: Any) -> None:
     report.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     report.add_argument(
         "--max-interval",
-        type=positive_float,
+        type=common.positive_float,
         default=120.0,
         help="longest interval one scan may stand for, in seconds (default 120)",
     )
@@ -160,7 +154,8 @@ def format_clients(snapshot: dict[str, Any]) -> str:
     for pdev, card in cards.items():
         lines.append(
             f"card {pdev} ({card.get('driver') or '?'}): VRAM used "
-            f"{gib(card.get('vram_used_bytes'))} of {gib(card.get('vram_total_bytes'))}"
+            f"{common.gib(card.get('vram_used_bytes'))} of "
+            f"{common.gib(card.get('vram_total_bytes'))}"
         )
         if not card["clients"]:
             lines.append("  no clients")
@@ -174,9 +169,9 @@ def format_clients(snapshot: dict[str, Any]) -> str:
             rows.append(
                 (
                     c["name"],
-                    gib(c["vram_bytes"]),
-                    gib(c["gtt_bytes"]),
-                    gib(c["system_bytes"]),
+                    common.gib(c["vram_bytes"]),
+                    common.gib(c["gtt_bytes"]),
+                    common.gib(c["system_bytes"]),
                     engines or "-",
                     ",".join(str(p) for p in c["pids"]),
                 )

@@ -28,15 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cardshare.retrieval.record import (
-    AGREES,
-    ARMS,
-    CONTRADICTED,
-    NOT_CHECKED,
-    PARTLY,
-    ArmCheck,
-    BenchError,
-)
+from cardshare.retrieval import record
 
 _TARGET_DEVICE_RE = re.compile(r"\btarget_device\s*:\s*\"([^\"]*)\"")
 _DEVICE_KEYS = ("target_device", "device")
@@ -112,14 +104,16 @@ def read_repository(repository: Path) -> tuple[Path, dict[str, Path]]:
     try:
         doc = json.loads(config_path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise BenchError(
+        raise record.BenchError(
             f"cannot read the model repository's {config_path}: {exc.strerror or exc}; "
             "--repository takes the exported repository the server serves (its config.json)"
         ) from None
     except (ValueError, UnicodeError) as exc:
-        raise BenchError(f"the model repository's {config_path} is not JSON: {exc}") from None
+        raise record.BenchError(
+            f"the model repository's {config_path} is not JSON: {exc}"
+        ) from None
     if not isinstance(doc, dict):
-        raise BenchError(f"the model repository's {config_path} is not a JSON object")
+        raise record.BenchError(f"the model repository's {config_path} is not a JSON object")
     entries: list[dict[str, Any]] = []
     for item in doc.get("model_config_list") or []:
         if isinstance(item, dict) and isinstance(item.get("config"), dict):
@@ -164,11 +158,11 @@ def check_arm(
     server_config: Mapping[str, Any],
     repository: Path | None,
     base_url: str,
-) -> ArmCheck:
+) -> record.ArmCheck:
     """Compare ``arm`` with every device the server reports for ``models`` and, with a
     ``repository``, with each model's ``graph.pbtxt``; say what could not be compared."""
-    if arm not in ARMS:
-        raise ValueError(f"arm must be one of {', '.join(ARMS)}, got {arm!r}")
+    if arm not in record.ARMS:
+        raise ValueError(f"arm must be one of {', '.join(record.ARMS)}, got {arm!r}")
     checked: list[str] = []
     not_checked: list[str] = []
     contradicted = False
@@ -234,13 +228,13 @@ def check_arm(
         )
 
     if contradicted:
-        verdict = CONTRADICTED
+        verdict = record.CONTRADICTED
     elif models and agreed == set(models):
-        verdict = AGREES
+        verdict = record.AGREES
     elif agreed:
-        verdict = PARTLY
+        verdict = record.PARTLY
     else:
-        verdict = NOT_CHECKED
-    return ArmCheck(
+        verdict = record.NOT_CHECKED
+    return record.ArmCheck(
         arm=arm, verdict=verdict, checked=tuple(checked), not_checked=tuple(not_checked)
     )

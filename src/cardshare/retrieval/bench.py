@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
+from cardshare.retrieval import wire
 from cardshare.retrieval.arm import check_arm
 from cardshare.retrieval.record import (
     CONTRADICTED,
@@ -56,17 +57,6 @@ from cardshare.retrieval.record import (
     BenchError,
     BenchRecord,
     PayloadShape,
-)
-from cardshare.retrieval.wire import (
-    Answer,
-    Transport,
-    TransportError,
-    check_embeddings_answer,
-    check_rerank_answer,
-    embeddings_body,
-    error_text,
-    http_transport,
-    rerank_body,
 )
 
 SCHEMA = "cardshare.bench.retrieval/1"
@@ -167,7 +157,7 @@ class Scenario:
     model: str
     items: int
     bodies: tuple[bytes, ...]
-    check: Callable[[bytes], Answer]
+    check: Callable[[bytes], wire.Answer]
 
 
 def build_scenarios(options: BenchOptions) -> list[Scenario]:
@@ -175,17 +165,17 @@ def build_scenarios(options: BenchOptions) -> list[Scenario]:
     out = []
     for name in options.scenarios:
         if name == RERANK:
-            bodies = [rerank_body(options.rerank_model, p, v) for v in range(ROTATION)]
-            check = functools.partial(check_rerank_answer, documents=p.documents)
+            bodies = [wire.rerank_body(options.rerank_model, p, v) for v in range(ROTATION)]
+            check = functools.partial(wire.check_rerank_answer, documents=p.documents)
             path, model, items = "/v3/rerank", options.rerank_model, p.documents
         else:
             inputs = None if name == EMBED_SINGLE else p.batch
             bodies = [
-                embeddings_body(options.embeddings_model, inputs, p.tokens_per_document, v)
+                wire.embeddings_body(options.embeddings_model, inputs, p.tokens_per_document, v)
                 for v in range(ROTATION)
             ]
             items = 1 if inputs is None else inputs
-            check = functools.partial(check_embeddings_answer, inputs=items)
+            check = functools.partial(wire.check_embeddings_answer, inputs=items)
             path, model = "/v3/embeddings", options.embeddings_model
         out.append(Scenario(name, path, model, items, tuple(bodies), check))
     return out
@@ -207,18 +197,18 @@ def attempt(
     n: int,
     base_url: str,
     timeout: float,
-    transport: Transport,
+    transport: wire.Transport,
     clock: Clock,
 ) -> Outcome:
     body = scenario.bodies[n % len(scenario.bodies)]
     start = clock()
     try:
         status, data = transport("POST", base_url + scenario.path, body, timeout)
-    except TransportError as exc:
+    except wire.TransportError as exc:
         return Outcome(None, exc.kind, exc.detail)
     seconds = clock() - start
     if not 200 <= status < 300:
-        return Outcome(seconds, "http_status", f"HTTP {status}: {error_text(data)}")
+        return Outcome(seconds, "http_status", f"HTTP {status}: {wire.error_text(data)}")
     answer = scenario.check(data)
     if answer.problem is not None:
         return Outcome(seconds, "bad_answer", answer.problem)
@@ -307,7 +297,7 @@ def run_scenario(
     iterations: int,
     concurrency: int,
     timeout: float,
-    transport: Transport,
+    transport: wire.Transport,
     clock: Clock,
 ) -> ScenarioResult:
     """Warm up one request at a time, then send ``iterations`` requests from ``concurrency``
@@ -343,18 +333,18 @@ def run_scenario(
     )
 
 
-def fetch_config(base_url: str, timeout: float, transport: Transport) -> dict[str, Any]:
+def fetch_config(base_url: str, timeout: float, transport: wire.Transport) -> dict[str, Any]:
     """``GET /v1/config``: each servable's state, the record's snapshot."""
     url = base_url + "/v1/config"
     try:
         status, data = transport("GET", url, None, timeout)
-    except TransportError as exc:
+    except wire.TransportError as exc:
         raise BenchError(
             f"cannot reach OpenVINO Model Server at {base_url}: {exc.detail}; is it running, and "
             "is --base-url its REST address?"
         ) from None
     if status != 200:
-        raise BenchError(f"GET {url} answered {status}: {error_text(data)}")
+        raise BenchError(f"GET {url} answered {status}: {wire.error_text(data)}")
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeError):
@@ -393,19 +383,19 @@ def check_ready(
     models: Sequence[str],
     server_config: Mapping[str, Any],
     timeout: float,
-    transport: Transport,
+    transport: wire.Transport,
 ) -> None:
     """Each model answers ``/v2/models/<name>/ready`` with 200, else :class:`BenchError`."""
     for model in models:
         url = f"{base_url}/v2/models/{quote(model, safe='')}/ready"
         try:
             status, data = transport("GET", url, None, timeout)
-        except TransportError as exc:
+        except wire.TransportError as exc:
             raise BenchError(f"GET {url}: {exc.detail}") from None
         if status != 200:
             raise BenchError(
-                f"model {model} is not ready at {base_url} (GET /v2/models/{model}/ready "
-                f"answered {status}: {error_text(data)}); {servable_state(server_config, model)}"
+                f"model {model} is not ready at {base_url} (GET /v2/models/{model}/ready answered "
+                f"{status}: {wire.error_text(data)}); {servable_state(server_config, model)}"
             )
 
 
@@ -445,7 +435,7 @@ class Report:
 def run(
     options: BenchOptions,
     *,
-    transport: Transport = http_transport,
+    transport: wire.Transport = wire.http_transport,
     clock: Clock | None = None,
     now: Callable[[], datetime] | None = None,
     progress: TextIO | None = None,
