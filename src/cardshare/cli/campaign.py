@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any, TextIO
 
 from cardshare.campaign.summary import human_bytes
@@ -76,6 +74,8 @@ def format_status(doc: dict[str, Any], url: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    import urllib.request  # here: the timer's scan does not need it
+
     url = args.url.rstrip("/")
     try:
         with urllib.request.urlopen(f"{url}/v1/status", timeout=args.timeout) as resp:

@@ -239,6 +239,26 @@ def test_module_entry_point_help() -> None:
     assert "a month of history per client" in result.stdout
 
 
+def test_the_scan_leaves_urllib_request_unimported(tmp_path: Path) -> None:
+    """The timer's scan stays light: only the verbs that talk HTTP import urllib.request."""
+    (tmp_path / "root" / "proc").mkdir(parents=True)
+    code = (
+        "import sys\n"
+        "from cardshare.cli import main\n"
+        "code = main(['scan', '--root', sys.argv[1], '--data-dir', sys.argv[2], '--quiet',\n"
+        "             '--docker-socket', '', '--podman-socket', ''])\n"
+        "print(code, 'urllib.request' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "root"), str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(ROOT / "src")},
+    )
+    assert (result.stdout, result.stderr) == ("0 False\n", "")
+
+
 def test_zipapp_runs_scan(
     rec_tree: Any, rec_make_fdinfo: Callable[..., str], tmp_path: Path
 ) -> None:
