@@ -28,6 +28,7 @@ from arbiter_fakes import (
     run_until,
 )
 
+from cardshare.arbiter.api import status_doc
 from cardshare.arbiter.cardview import CardClient, CardDataError, CardView, parse_card_view
 from cardshare.arbiter.config import Config, ConfigError, parse_config
 from cardshare.arbiter.engine import Engine
@@ -331,6 +332,14 @@ async def test_a_plex_transcode_on_the_a380_does_not_hold_the_swap(tmp_path: Pat
     await run_until(engine, lambda e: e.mode is Mode.IMAGE)
     assert engine.last_decision.go
     assert "no other client on the card" in engine.last_decision.reasons
+    # the status shows the pool card by card, the A380 and the iGPU not at all
+    await engine.watch.read(world.clock.now())  # a scan with ComfyUI up
+    status = status_doc(engine)["card"]
+    assert [c["name"] for c in status["clients"]] == ["comfyui/comfyui"]
+    assert status["pool"] == [
+        {"pdev": B70_A, "vram_total_bytes": 32 * GIB, "clients": ["comfyui/comfyui"]},
+        {"pdev": B70_B, "vram_total_bytes": 32 * GIB, "clients": []},
+    ]
 
 
 async def test_a_plex_transcode_on_a_pool_card_holds_the_swap(tmp_path: Path) -> None:
