@@ -79,7 +79,7 @@ async def serve(config: Config, token: str) -> int:
                 config.card_current_json,
                 config.card_scan_argv,
                 recorder_path=config.recorder_current_json,
-                pdev=config.card_pdev,
+                pdev=config.pool,
             ),
             proxy=HttpProxy(session, config.proxy_url, config.http_timeout_seconds)
             if config.proxy_url

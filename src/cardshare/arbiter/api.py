@@ -297,6 +297,15 @@ def status_doc(engine: Engine, authorized: bool = True) -> dict[str, Any]:
                 {"name": c.name, "vram_bytes": c.vram_bytes, "busy_engines": list(c.busy_engines)}
                 for c in card.clients
             ],
+            # the LLM pool card by card (one bar per card); [] for one card
+            "pool": [
+                {
+                    "pdev": pdev,
+                    "vram_total_bytes": size,
+                    "clients": sorted({c.name for c in card.clients if c.pdev == pdev}),
+                }
+                for pdev, size in card.cards
+            ],
         },
         "llm_plan": engine.reclaim.plan_doc(),
         "prewarm": engine.swaps.prewarm_report.doc(),

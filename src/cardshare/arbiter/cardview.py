@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +29,8 @@ class CardClient:
     name: str
     vram_bytes: int
     busy_engines: tuple[str, ...]
+    # the pool card it was seen on (a view over several cards); None: the view's one card
+    pdev: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,32 @@ class CardView:
     clients: tuple[CardClient, ...]
     # the card's device memory as the driver reports it (the first card that has a size)
     vram_total_bytes: int | None = None
+    # a view over a pool of cards: each card's PCI address and size, in the pool's order
+    # (its clients name their card); empty: one card, or every card of a one-GPU host
+    cards: tuple[tuple[str, int | None], ...] = ()
 
     def age(self, now: float) -> float:
         return now - self.scanned_at
+
+    def per_card(self) -> tuple[tuple[str | None, CardView], ...]:
+        """The view card by card: each pool card's clients and size (None: the one card)."""
+        if not self.cards:
+            return ((None, self),)
+        return tuple((pdev, self.on(pdev)) for pdev, _ in self.cards)
+
+    def on(self, pdev: str | None) -> CardView:
+        """One pool card's clients and size; the view itself when it is not over a pool (or
+        ``pdev`` is None)."""
+        if not self.cards or pdev is None:
+            return self
+        sizes = dict(self.cards)
+        if pdev not in sizes:
+            raise CardDataError(f"card {pdev} is not in the pool ({', '.join(sizes)})")
+        return CardView(
+            self.scanned_at,
+            tuple(replace(c, pdev=None) for c in self.clients if c.pdev == pdev),
+            sizes[pdev],
+        )
 
     def others(self, allowed: Iterable[str]) -> tuple[CardClient, ...]:
         """Clients not in ``allowed`` that hold VRAM or keep an engine busy."""
@@ -73,7 +98,7 @@ def _timestamp(doc: dict[str, Any]) -> float:
     raise CardDataError("card data has no scan time (timestamp_unix or timestamp)")
 
 
-def _client(raw: Any) -> CardClient:
+def _client(raw: Any, pdev: str | None = None) -> CardClient:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise CardDataError(f"card data client without a name: {raw!r}"[:200])
     vram = raw.get("vram_bytes", 0)
@@ -89,47 +114,67 @@ def _client(raw: Any) -> CardClient:
         ]
     elif isinstance(engines, list):
         busy = sorted(str(e) for e in engines)
-    return CardClient(name=raw["name"], vram_bytes=int(vram), busy_engines=tuple(busy))
+    return CardClient(name=raw["name"], vram_bytes=int(vram), busy_engines=tuple(busy), pdev=pdev)
 
 
-def parse_card_view(doc: Any, pdev: str | None = None) -> CardView:
+def _size(card: dict[str, Any]) -> int | None:
+    size = card.get("vram_total_bytes")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return None
+
+
+def parse_card_view(doc: Any, pdev: str | Sequence[str] | None = None) -> CardView:
     """Pure: one decoded ``current.json`` to a :class:`CardView`.
 
     With ``pdev`` (the card the arbiter trades), only that card's clients and size: on a host
     with another GPU (an iGPU driving the desktop, or a second card) their clients are not on
-    this card.  Without, the clients of every card (a host with one GPU).
+    this card.  With several (the LLM pool), the clients of each, by card, and each card's
+    size: the pool is one owner's, a transcode card or an iGPU beside it is not on it.
+    Without, the clients of every card (a host with one GPU).
     """
     if not isinstance(doc, dict):
         raise CardDataError(f"card data must be a JSON object, got {type(doc).__name__}")
-    raw_clients: list[Any] = []
+    pool = (pdev,) if isinstance(pdev, str) else tuple(pdev or ())
+    raw_clients: list[tuple[Any, str | None]] = []
     total: int | None = None
+    sizes: list[tuple[str, int | None]] = []
     cards = doc.get("cards")
-    if pdev is not None and isinstance(cards, dict):
-        if pdev not in cards:
+    if pool and isinstance(cards, dict):
+        missing = [p for p in pool if p not in cards]
+        if missing:
+            key = "card_pdev" if len(pool) == 1 else "pool_pdevs"
             raise CardDataError(
-                f"card data has no card {pdev} (cards: {', '.join(sorted(map(str, cards)))}): "
-                "set card_pdev to the card's PCI address"
+                f"card data has no card {', '.join(missing)} (cards: "
+                f"{', '.join(sorted(map(str, cards)))}): set {key} to the "
+                + ("card's PCI address" if len(pool) == 1 else "pool cards' PCI addresses")
             )
-        card_docs: Any = [cards[pdev]]
+        for name in pool:
+            card = cards[name]
+            found = card if isinstance(card, dict) else {}
+            tag = name if len(pool) > 1 else None
+            raw_clients.extend((c, tag) for c in found.get("clients") or [])
+            sizes.append((name, _size(found)))
+        total = next((size for _, size in sizes if size is not None), None)
     else:
         card_docs = list(cards.values()) if isinstance(cards, dict) else cards
-    if isinstance(card_docs, list):
-        for card in card_docs:
-            if isinstance(card, dict):
-                raw_clients.extend(card.get("clients") or [])
-                size = card.get("vram_total_bytes")
-                if total is None and isinstance(size, int) and not isinstance(size, bool):
-                    total = size if size > 0 else None
+        if isinstance(card_docs, list):
+            for card in card_docs:
+                if isinstance(card, dict):
+                    raw_clients.extend((c, None) for c in card.get("clients") or [])
+                    if total is None:
+                        total = _size(card)
     if isinstance(doc.get("clients"), list):
-        raw_clients.extend(doc["clients"])
+        raw_clients.extend((c, None) for c in doc["clients"])
     return CardView(
         scanned_at=_timestamp(doc),
-        clients=tuple(_client(c) for c in raw_clients),
+        clients=tuple(_client(c, tag) for c, tag in raw_clients),
         vram_total_bytes=total,
+        cards=tuple(sizes) if len(pool) > 1 else (),
     )
 
 
-def _load_view(path: Path, pdev: str | None = None) -> CardView:
+def _load_view(path: Path, pdev: str | Sequence[str] | None = None) -> CardView:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -154,7 +199,7 @@ class RecorderFileSource:
     on demand) and, when given, the recorder's own (``recorder_path``, its timer's scans):
     the newer of the two is the card, so an idle arbiter shows the recorder's data without a
     scan of its own.  A recorder file that cannot be read is passed over.  ``pdev`` selects
-    the card (see :func:`parse_card_view`)."""
+    the card, or the pool's cards (see :func:`parse_card_view`)."""
 
     def __init__(
         self,
@@ -162,7 +207,7 @@ class RecorderFileSource:
         scan_argv: Sequence[str],
         scan_timeout: float = 60.0,
         recorder_path: Path | None = None,
-        pdev: str | None = None,
+        pdev: str | Sequence[str] | None = None,
     ) -> None:
         self.path = path
         self.pdev = pdev

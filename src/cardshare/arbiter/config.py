@@ -52,6 +52,12 @@ class Config:
     # the card the arbiter trades (its PCI address, as drm-pdev and sysfs print it); None:
     # every card of the card data (a host with one GPU)
     card_pdev: str | None = None
+    # the LLM pool the arbiter trades as one owner (vLLM's tensor-parallel cards, by PCI
+    # address): a swap waits for every pool card's release, and only the pool cards' clients
+    # are on the card; empty: card_pdev alone (see pool)
+    pool_pdevs: tuple[str, ...] = ()
+    # the pool card ComfyUI runs on; None: the pool's first (see image_pdev)
+    image_card_pdev: str | None = None
     llm_client_names: tuple[str, ...] = ()
     image_client_names: tuple[str, ...] = ()
     # tenants that stay on the card through every swap (the retrieval tier): never a reason
@@ -147,6 +153,17 @@ class Config:
         return ContainerRef(plan.project or self.llm_container.project, plan.service)
 
     @property
+    def pool(self) -> tuple[str, ...]:
+        """The cards the arbiter trades: pool_pdevs, else card_pdev alone, else none named
+        (every card of a one-GPU host)."""
+        return self.pool_pdevs or ((self.card_pdev,) if self.card_pdev else ())
+
+    @property
+    def image_pdev(self) -> str | None:
+        """ComfyUI's card: the one named, else the pool's first (None: the one card)."""
+        return self.image_card_pdev or (self.pool[0] if self.pool else None)
+
+    @property
     def yielding_names(self) -> tuple[str, ...]:
         names = list(self.yielding_client_names)
         names += [t.name for t in self.yielding_tenants if t.name not in names]
@@ -228,6 +245,8 @@ _KNOWN = (
         "history_dir",
         "recorder_current_json",
         "card_pdev",
+        "pool_pdevs",
+        "image_card_pdev",
         "transcode_client_names",
         "handback_on_waiting_agent",
         "listen_host",
@@ -358,6 +377,50 @@ def _yielding_tenants(raw: dict[str, Any]) -> tuple[YieldingTenant, ...]:
     return tuple(tenants)
 
 
+def _pool(raw: dict[str, Any], card: str | None) -> dict[str, Any]:
+    """pool_pdevs and image_card_pdev, checked against each other and card_pdev."""
+    out: dict[str, Any] = {}
+    value = raw.get("pool_pdevs")
+    pool: tuple[str, ...] = (card,) if card else ()
+    if value is not None:
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(v, str) and _PDEV_RE.fullmatch(v) for v in value)
+            or len(set(value)) != len(value)
+        ):
+            raise _err(
+                "pool_pdevs",
+                value,
+                "set it to the LLM pool's cards, each PCI address once as sysfs prints it "
+                "(such as ['0000:03:00.0', '0000:04:00.0']), or leave it out for card_pdev alone",
+            )
+        if card is not None and card not in value:
+            raise _err(
+                "card_pdev",
+                card,
+                f"name one of pool_pdevs {value} (the pool's first), or leave card_pdev out",
+            )
+        pool = out["pool_pdevs"] = tuple(value)
+    image = raw.get("image_card_pdev")
+    if image is not None:
+        if not pool:
+            raise _err(
+                "image_card_pdev",
+                image,
+                "leave it out on a host whose cards are not named (ComfyUI shares the one "
+                "card), or set card_pdev or pool_pdevs",
+            )
+        if not isinstance(image, str) or image not in pool:
+            raise _err(
+                "image_card_pdev",
+                image,
+                f"name one of the pool's cards {list(pool)}, or leave it out for the first",
+            )
+        out["image_card_pdev"] = image
+    return out
+
+
 def parse_config(raw: Any) -> Config:
     """Validate a decoded JSON document and build a :class:`Config`."""
     if not isinstance(raw, dict):
@@ -416,6 +479,7 @@ def parse_config(raw: Any) -> Config:
                 "or leave it out on a host with one GPU",
             )
         kwargs["card_pdev"] = pdev
+    kwargs.update(_pool(raw, pdev))
     for path in kwargs["prewarm_paths"]:
         if not path.startswith("/"):
             raise _err("prewarm_paths", list(kwargs["prewarm_paths"]), "give absolute paths")

@@ -448,7 +448,8 @@ class Jobs:
             )
         except CardDataError:
             return
-        self.job_peak = max(self.job_peak, view.vram_of(self.config.image_names))
+        on_card = view.on(self.config.image_pdev).vram_of(self.config.image_names)
+        self.job_peak = max(self.job_peak, on_card)
 
 
 # a save node's batch larger than this is not looked for on disk

@@ -99,13 +99,21 @@ def _gib(n: int) -> str:
 
 def measure_free(view: CardView, llm_names: Sequence[str], total: int | None = None) -> FreeVram:
     """The card's size minus what every client but vLLM itself holds (vLLM's own memory is
-    what a start replaces)."""
-    size = total if total is not None else view.vram_total_bytes
+    what a start replaces). On a pool, the tightest card's: vLLM asks the same share of
+    every card, so the card with the least free decides (unknown when a card's size is)."""
     mine = set(llm_names)
-    holders = tuple(
-        (c.name, c.vram_bytes) for c in view.clients if c.name not in mine and c.vram_bytes > 0
-    )
-    return FreeVram(size, sum(b for _, b in holders), holders)
+    frees = []
+    for pdev, card in view.per_card():
+        on = "" if pdev is None else f" on {pdev}"
+        holders = tuple(
+            (c.name + on, c.vram_bytes)
+            for c in card.clients
+            if c.name not in mine and c.vram_bytes > 0
+        )
+        size = total if total is not None else card.vram_total_bytes
+        frees.append(FreeVram(size, sum(b for _, b in holders), holders))
+    unknown = [f for f in frees if f.free is None]
+    return unknown[0] if unknown else min(frees, key=lambda f: f.free or 0)
 
 
 @dataclass(frozen=True)

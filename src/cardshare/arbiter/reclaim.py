@@ -28,7 +28,13 @@ from cardshare.arbiter.plans import (
     vram_pass,
     workflow_signature,
 )
-from cardshare.arbiter.rules import SwapObservations, llm_retry_delay, released, should_restore_plan
+from cardshare.arbiter.rules import (
+    SwapObservations,
+    llm_retry_delay,
+    should_restore_plan,
+    still_held,
+    where,
+)
 from cardshare.arbiter.states import Outcome
 from cardshare.arbiter.store import Job, Store
 from cardshare.arbiter.yielding import YieldingTenants
@@ -154,7 +160,8 @@ class Reclaim:
         )
 
     async def wait_release(self, names: tuple[str, ...], timeout: float, alert: Alert) -> Result:
-        """Until the named clients hold no VRAM in card data scanned after this phase began.
+        """Until the named clients hold no VRAM in card data scanned after this phase began,
+        on every pool card (a tensor-parallel vLLM holds memory on each).
 
         Each look asks for data scanned at that look (the arbiter's card data changes only
         by its own scans): memory that lingers past one scan is seen released at a later one.
@@ -165,11 +172,17 @@ class Reclaim:
         while True:
             try:
                 view = await self.pace.waiting(self.watch.read(self.clock.now()))
-                if view.scanned_at >= since and released(view, names):
+                held = still_held(view, names)
+                if view.scanned_at >= since and not held:
                     self.alerts.drop(alert)
-                    return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more")
+                    cards = f" on {', '.join(p for p, _ in view.cards)}" if view.cards else ""
+                    return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more{cards}")
                 last = (
-                    f"{', '.join(names)} still hold {view.vram_of(names) / 2**30:.1f} GiB"
+                    "; ".join(
+                        f"{', '.join(names)} still hold {size / 2**30:.1f} GiB"
+                        + ("" if pdev is None else f" on {where(pdev)}")
+                        for pdev, size in held
+                    )
                     if view.scanned_at >= since
                     else "card data not refreshed since the stop"
                 )
@@ -407,10 +420,12 @@ class Reclaim:
         """What ComfyUI holds in card data at most ``max_age`` old (0: a fresh scan), and
         whether a job of ``peak`` needs its memory freed first (never counting another
         workflow's cached models as free); None without card data."""
-        free = await self._measure_free(max_age)
-        if free is None or self.watch.last is None:
+        view = await self._plan_view(max_age)
+        if view is None:
             return None
-        comfy = self.watch.last.vram_of(self.config.image_names)
+        card = view.on(self.config.image_pdev)  # ComfyUI's card of the pool
+        free = self._free_in(card)
+        comfy = card.vram_of(self.config.image_names)
         decision = image_reclaim(
             peak, free.total, comfy, free.held - comfy, self.config.vram_headroom_bytes, False
         )

@@ -231,7 +231,7 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
                 else ("not paused")
             )
             blockers.append(
-                f"a yielding tenant is on the card ({state}): "
+                f"a yielding tenant is on {where(tenant.pdev)} ({state}): "
                 + describe_client(tenant.name, tenant.vram_bytes, tenant.busy_engines)
             )
         foreign = tuple(c for c in others if c.name not in yielding)
@@ -243,7 +243,7 @@ def should_swap_to_image(obs: SwapObservations, config: Config, now: float) -> D
             fits_beside = ""
             for other in foreign:
                 blockers.append(
-                    "another client is on the card: "
+                    f"another client is on {where(other.pdev)}: "
                     + describe_client(other.name, other.vram_bytes, other.busy_engines)
                 )
     if blockers:
@@ -262,14 +262,16 @@ def image_fits_beside(obs: SwapObservations, config: Config) -> str | None:
     """With ``image_beside_foreign`` on: the reason the next job provably fits beside the
     foreign clients on the card (its workflow's measured peak, the residents and the foreign
     clients as measured, the foreign reserve for new transcodes and the headroom within the
-    card), else None (the veto stands)."""
+    card), else None (the veto stands). On a pool, within ComfyUI's card: the others hold
+    none of the arbiter's work while image mode lasts."""
     if not config.image_beside_foreign or obs.card is None or obs.next_job_peak is None:
         return None
-    total = config.card_vram_bytes or obs.card.vram_total_bytes
+    card = obs.card.on(config.image_pdev)
+    total = config.card_vram_bytes or card.vram_total_bytes
     if total is None:
         return None
     owners = set(config.llm_names + config.image_names)
-    held = sum(c.vram_bytes for c in obs.card.clients if c.name not in owners)
+    held = sum(c.vram_bytes for c in card.clients if c.name not in owners)
     need = obs.next_job_peak + held + config.foreign_reserve_bytes + config.vram_headroom_bytes
     if need > total:
         return None
@@ -308,9 +310,16 @@ def should_hand_back(obs: HandbackObservations, config: Config, now: float) -> D
     return Decision(True, tuple(reasons))
 
 
-def released(view: CardView, names: tuple[str, ...]) -> bool:
-    """The named clients hold no VRAM any more (absent or at 0)."""
-    return view.vram_of(names) == 0
+def still_held(view: CardView, names: tuple[str, ...]) -> tuple[tuple[str | None, int], ...]:
+    """The cards on which the named clients still hold VRAM, and how much: every pool card
+    is judged (vLLM's tensor-parallel workers hold memory on each); empty: released."""
+    held = ((pdev, card.vram_of(names)) for pdev, card in view.per_card())
+    return tuple((pdev, size) for pdev, size in held if size > 0)
+
+
+def where(pdev: str | None) -> str:
+    """A client's card, as the reasons name it: "the card", or the pool card by address."""
+    return "the card" if pdev is None else f"pool card {pdev}"
 
 
 def llm_retry_delay(failures: int, base: float, cap: float) -> float:
