@@ -75,6 +75,13 @@ THREE_CARDS = {
 }
 
 
+PLEX = {"name": "plex-4k-hdr-transcode", "bytes": "2GiB", "count": 2}
+DESKTOPS = [
+    {"name": "desktop", "bytes": "1GiB", "pdev": B70_A},
+    {"name": "desktop", "bytes": "1GiB", "pdev": B70_B},
+]
+
+
 def _after(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
@@ -92,6 +99,19 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
         "three-cards": {**common, **THREE_CARDS},
         "three-cards-devices-set": {**common, **THREE_CARDS, "vllm_devices": ["/dev/dri"]},
         "three-cards-with-mask": {**common, **THREE_CARDS, "vllm_ze_affinity_mask": "0"},
+        # a transcode on the A380 (no pdev) leaves the pool's plan: the share is the pool's
+        # without it (a desktop on each B70 keeps the share under the ceiling)
+        "three-cards-plex-on-the-a380": {
+            **common,
+            **THREE_CARDS,
+            "vllm_reservations": [PLEX, *DESKTOPS],
+        },
+        "three-cards-without-plex": {**common, **THREE_CARDS, "vllm_reservations": DESKTOPS},
+        "three-cards-plex-on-a-pool-card": {
+            **common,
+            **THREE_CARDS,
+            "vllm_reservations": [{**PLEX, "pdev": B70_B}, *DESKTOPS],
+        },
         "three-cards-devices-changed": {
             **common,
             **THREE_CARDS,
@@ -118,6 +138,15 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
     assert _after(pool["args"], "--gpu-memory-utilization") == "0.88"
     assert pool["ladder_tp"] and set(pool["ladder_tp"]) == {1}
     assert out["three-cards-devices-set"] == pool
+
+    # Plex's reservation without pdev is on the A380: vLLM's share is the pool's without it,
+    # (32 - 1 - 0.8) / 32 rounded down; moved onto a pool card it shrinks the share
+    def share(name: str) -> str | None:
+        return _after(out[name]["args"], "--gpu-memory-utilization")
+
+    assert share("three-cards-plex-on-the-a380") == share("three-cards-without-plex") == "0.94"
+    # (32 - 4 - 1 - 0.8) / 32
+    assert share("three-cards-plex-on-a-pool-card") == "0.81"
 
     expected = (
         "vllm_devices is {devices} and vllm_ze_affinity_mask is {mask}, but xe_driver_card_jobs "
