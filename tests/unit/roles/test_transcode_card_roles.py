@@ -13,10 +13,11 @@ whole table, and keeps the compose definitions the roles would write.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from role_playbook import WRITE_OUTCOMES, run_cases
+from role_playbook import WRITE_OUTCOMES, compose_refuses_devices, run_cases
 
 PLAYBOOK = (
     """\
@@ -117,15 +118,20 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_cases(work / "run", PLAYBOOK, cases)
 
 
-def test_the_one_card_host_keeps_the_device_directory(outcomes: dict[str, Any]) -> None:
+def test_the_one_card_host_keeps_the_device_directory(
+    outcomes: dict[str, Any], tmp_path: Path
+) -> None:
     for name in ("no-xe-driver-facts", "one-card"):
         assert outcomes[name] == {
             "plex": ["/dev/dri:/dev/dri"],
             "campaign": {"devices": ["/dev/dri:/dev/dri"], "encoder_device": "/dev/dri/renderD128"},
         }, name
+    assert compose_refuses_devices(outcomes["one-card"]["plex"], tmp_path) == ""
 
 
-def test_a_declared_transcode_card_is_all_they_get(outcomes: dict[str, Any]) -> None:
+def test_a_declared_transcode_card_is_all_they_get(
+    outcomes: dict[str, Any], tmp_path: Path
+) -> None:
     node = {"source": A380_NODE, "permissions": "rwm"}
     assert outcomes["three-cards"] == {
         "plex": [{**node, "target": "/dev/dri/renderD128"}],
@@ -135,6 +141,10 @@ def test_a_declared_transcode_card_is_all_they_get(outcomes: dict[str, Any]) -> 
             "encoder_device": "/dev/dri/renderD128",
         },
     }
+    # compose takes them (its short syntax would split the address's colons)
+    assert compose_refuses_devices(outcomes["three-cards"]["plex"], tmp_path / "plex") == ""
+    devices = outcomes["three-cards"]["campaign"]["devices"]
+    assert compose_refuses_devices(devices, tmp_path / "campaign") == ""
     rendered = str(outcomes["three-cards"])
     assert B70_A not in rendered and B70_B not in rendered
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from role_playbook import WRITE_OUTCOMES, run_cases
+from role_playbook import WRITE_OUTCOMES, compose_refuses_devices, run_cases
 
 PLAYBOOK = (
     """\
@@ -130,10 +130,12 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
     # the pool: TP 2, the tightest card (the retrieval tier's: (32 - 3 - 0.8) / 32) and the
     # two B70s' render nodes by PCI path, the A380's not among them
     pool = out["three-cards"]
+    # in compose's long syntax: its short one splits on the address's colons
     assert pool["devices"] == [
-        f"/dev/dri/by-path/pci-{B70_A}-render:/dev/dri/by-path/pci-{B70_A}-render",
-        f"/dev/dri/by-path/pci-{B70_B}-render:/dev/dri/by-path/pci-{B70_B}-render",
+        {"source": node, "target": node, "permissions": "rwm"}
+        for node in (f"/dev/dri/by-path/pci-{B70_A}-render", f"/dev/dri/by-path/pci-{B70_B}-render")
     ]
+    assert compose_refuses_devices(pool["devices"], tmp_path / "compose") == ""
     assert _after(pool["args"], "--tensor-parallel-size") == "2"
     assert _after(pool["args"], "--gpu-memory-utilization") == "0.88"
     assert pool["ladder_tp"] and set(pool["ladder_tp"]) == {1}
