@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from role_playbook import WRITE_OUTCOMES, compose_refuses_devices, run_cases
+import yaml  # type: ignore[import-untyped,unused-ignore]
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._cards import (
+    parse_card_jobs,
+    resolve_card_jobs,
+)
+from role_playbook import ROOT, WRITE_OUTCOMES, compose_refuses_devices, run_cases
 
 PLAYBOOK = (
     """\
@@ -163,3 +168,43 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
     assert out["three-cards-devices-changed"] == {
         "failed": expected.format(devices="['/dev/dri/renderD128']", mask="null")
     }
+
+
+def test_the_example_inventorys_second_host(tmp_path: Path) -> None:
+    """inventories/example's poolbox (README.md, "Two cards and more"): its cards parse, and
+    the vllm role plans TP=2 over the two B70s with Plex's default reservation on the A380."""
+    example = yaml.safe_load(
+        (ROOT / "inventories" / "example" / "host_vars" / "poolbox.yml").read_text("utf-8")
+    )
+    jobs = parse_card_jobs(example["xe_driver_card_jobs"])
+    assert [(j.pdev, j.job) for j in jobs] == [(B70_A, "llm"), (B70_B, "llm"), (A380, "transcode")]
+    cards = [_card(B70_A), _card(B70_B), {**_card(A380, 6 * GIB), "device_id": "56a5"}]
+    models = tmp_path / "models"
+    (models / example["vllm_model"]).mkdir(parents=True)
+    (models / example["vllm_model"] / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "max_position_embeddings": 40960,
+                "rope_scaling": None,
+                "rope_theta": 1000000.0,
+            }
+        )
+    )
+    role_vars = {k: v for k, v in example.items() if k.startswith("vllm_")}
+    host = {
+        **role_vars,
+        "vllm_model_dir": str(models),
+        "docker_engine_render_gid": 105,
+        "xe_driver_cards": cards,
+        "xe_driver_jobs": resolve_card_jobs(jobs, cards),
+    }
+    out = run_cases(tmp_path / "run", PLAYBOOK, {"poolbox": host})["poolbox"]
+    assert "failed" not in out, out
+    assert _after(out["args"], "--tensor-parallel-size") == "2"
+    assert _after(out["args"], "--gpu-memory-utilization") == "0.97"
+    assert [d["source"] for d in out["devices"]] == [
+        f"/dev/dri/by-path/pci-{B70_A}-render",
+        f"/dev/dri/by-path/pci-{B70_B}-render",
+    ]
