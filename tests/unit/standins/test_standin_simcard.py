@@ -280,3 +280,81 @@ def test_clients_of_one_process_in_one_container_stay_together(card_root: Path) 
     finally:
         first.close()
         second.close()
+
+
+# -- a lab host with three cards (SIM_CARDS): a stand-in registers on the card it is given --
+
+B70_B, A380 = "0000:04:00.0", "0000:07:00.0"
+
+
+def _three_cards(root: Path) -> Path:
+    """Two B70s and an A380 as the lab host's boot lays them out (drm/renderD<N> in sysfs)."""
+    for minor, (pdev, vram) in enumerate(((PDEV, 32), (B70_B, 32), (A380, 6))):
+        device = root / "sys" / "bus" / "pci" / "devices" / pdev
+        (device / "tile0").mkdir(parents=True)
+        (device / "tile0" / "physical_vram_size_bytes").write_text(hex(vram << 30) + "\n")
+        (device / "drm" / f"renderD{128 + minor}").mkdir(parents=True)
+        (root / "dev" / "dri").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / "dri" / f"renderD{128 + minor}").write_text("")
+    (root / "proc").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("value", "pdev", "render"),
+    [
+        ("", PDEV, "renderD128"),
+        (A380, A380, "renderD130"),
+        ("renderD129", B70_B, "renderD129"),
+        ("/dev/dri/renderD130", A380, "renderD130"),
+        (f"/dev/dri/by-path/pci-{A380}-render", A380, "renderD130"),
+    ],
+)
+def test_the_card_a_stand_in_is_given(tmp_path: Path, value: str, pdev: str, render: str) -> None:
+    root = _three_cards(tmp_path / "sim")
+    choice = simcard.card_choice({"CARDSHARE_SIM_CARD": value})
+    card = simcard.find_card(root, choice)
+    assert card is not None
+    assert (card.pdev, card.render, card.render_node) == (
+        pdev,
+        render,
+        root / "dev" / "dri" / render,
+    )
+    vram = 6 << 30 if pdev == A380 else 32 << 30
+    assert card.vram_total == vram
+
+
+def test_a_card_the_host_does_not_have_is_refused(tmp_path: Path) -> None:
+    root = _three_cards(tmp_path / "sim")
+    with pytest.raises(simcard.CardChoiceError) as err:
+        simcard.find_card(root, "0000:09:00.0")
+    assert str(err.value) == (
+        "CARDSHARE_SIM_CARD is '0000:09:00.0', but the simulated host's cards with VRAM are "
+        "0000:03:00.0 (renderD128), 0000:04:00.0 (renderD129), 0000:07:00.0 (renderD130): "
+        "name one of them"
+    )
+    with pytest.raises(simcard.CardChoiceError, match=r"^CARDSHARE_SIM_CARD is 'card2': give"):
+        simcard.card_choice({"CARDSHARE_SIM_CARD": "card2"})
+
+
+def test_a_client_registers_on_the_card_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _three_cards(tmp_path / "sim")
+    monkeypatch.setenv("CARDSHARE_SIM_CARD", A380)
+    plex = simcard.SimClient("Plex Transcoder", ["t"], root=root, container_id=CID)
+    monkeypatch.delenv("CARDSHARE_SIM_CARD")
+    vllm = simcard.SimClient("python3", ["vllm"], root=root, container_id="b" * 64)
+    try:
+        assert plex.register(vram=2 << 30) and vllm.register(vram=20 << 30)
+        assert plex.pid_dir is not None and vllm.pid_dir is not None
+        fdinfo = parse_fdinfo((plex.pid_dir / "fdinfo" / "12").read_text())
+        assert fdinfo["drm-pdev"] == A380
+        assert os.readlink(plex.pid_dir / "fd" / "12") == str(root / "dev/dri/renderD130")
+        assert os.readlink(vllm.pid_dir / "fd" / "12") == str(root / "dev/dri/renderD128")
+        # each card's free memory counts its own clients only
+        assert plex.free_vram() == ((6 - 2) << 30, 6 << 30)
+        assert vllm.free_vram() == ((32 - 20) << 30, 32 << 30)
+    finally:
+        plex.close()
+        vllm.close()
