@@ -33,7 +33,7 @@ from cardshare.proxy.keys import (
 )
 from cardshare.proxy.rules import UNAUTHORIZED_MESSAGE, key_limit_message
 
-from .conftest import FakeArbiter, FakeUpstream, free_port, wait_for
+from .conftest import FakeArbiter, FakeUpstream, StandFactory, free_port, wait_for
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -477,3 +477,29 @@ async def test_refuses_to_start_with_a_bad_key_file(
     status, err = await run_to_exit(config, tmp_path)
     assert status == 2
     assert message in err and str(keys) in err
+
+
+async def test_without_its_own_key_the_proxy_sends_none_upstream(
+    make_stand: StandFactory, tmp_path: Path
+) -> None:
+    keys_file = tmp_path / "keys"
+    out = io.StringIO()
+    keytool.add(keys_file, "alice", None, out)
+    key = out.getvalue().strip()
+    stand = await make_stand(keys_file=str(keys_file))
+    async with stand.client.get(
+        stand.url + "/v1/echo", headers={"Authorization": f"Bearer {key}"}
+    ) as resp:
+        assert resp.status == 200
+        doc = await resp.json()
+    assert [k for k, _ in doc["headers"] if k.lower() == "authorization"] == []
+    assert stand.proxy.counters.outcomes["forwarded"] == 1
+
+
+async def test_without_keys_the_agents_header_passes_as_before(make_stand: StandFactory) -> None:
+    stand = await make_stand()
+    async with stand.client.get(
+        stand.url + "/v1/echo", headers={"Authorization": "Bearer for-vllm"}
+    ) as resp:
+        doc = await resp.json()
+    assert [v for k, v in doc["headers"] if k.lower() == "authorization"] == ["Bearer for-vllm"]
