@@ -3,9 +3,9 @@
 Usage: ``python tools/build_zipapp.py OUTPUT``
 
 Only the host command's modules are packed (``MODULES`` below: the recorder,
-``cardshare bench retrieval`` and ``cardshare ratchet``); each is checked to import nothing
-but the standard library and other packed modules, so the archive runs on a bare
-``python3`` (3.11 or newer).  Entry point ``cardshare.cli:main``, shebang
+``cardshare bench retrieval``, ``cardshare ratchet`` and ``cardshare proxy key``); each is
+checked to import nothing but the standard library and other packed modules, so the archive
+runs on a bare ``python3`` (3.11 or newer).  Entry point ``cardshare.cli:main``, shebang
 ``/usr/bin/env python3``.
 
 The archive is reproducible: members in name order with a fixed timestamp and modes, so the
@@ -43,6 +43,9 @@ MODULES = (
     "fdinfo.py",
     "naming.py",
     "promtext.py",
+    "proxy/__init__.py",
+    "proxy/keys.py",
+    "proxy/keytool.py",
     "recorder/__init__.py",
     "recorder/compute.py",
     "recorder/openfiles.py",

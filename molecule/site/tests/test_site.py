@@ -26,6 +26,11 @@ import pytest
 import requests
 from labtest import wait_for
 
+#: The agents' API key of the tests (a lab key: prepare.yml puts its SHA-256 in the proxy's
+#: key file, as ``cardshare proxy key add`` would).
+AGENT_KEY = "csk-molecule-site-tests-lab-key"
+AGENT_AUTH = {"Authorization": f"Bearer {AGENT_KEY}"}
+
 MODEL = "Qwen2.5-7B-Instruct"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
 WORKFLOW = json.loads(
@@ -212,7 +217,7 @@ def test_the_labs_card_reaper_runs(host: Any) -> None:
 
 
 def test_openai_client_through_the_proxy(proxy: str) -> None:
-    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=60)
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key=AGENT_KEY, timeout=60)
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
     )
@@ -273,7 +278,7 @@ def test_three_jobs_while_agents_speak_during_the_swap(
 
     # agents speak while the card is lent out: every one is held, then answered
     answers: list[tuple[int, float]] = []
-    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=300, max_retries=0)
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key=AGENT_KEY, timeout=300, max_retries=0)
 
     def agent() -> None:
         started = time.monotonic()
@@ -476,9 +481,9 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
         assert st["prewarm"]["files"] == 2, st["prewarm"]
         assert st["prewarm"]["bytes_read"] == 64 * 1024 * 1024 + config.size, st["prewarm"]
         assert "foreign" in {k for n, k in kinds.items() if "plex" in n.lower()}, kinds
-        models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
+        models = requests.get(f"{proxy}/v1/models", headers=AGENT_AUTH, timeout=30).json()["data"]
         assert [m["max_model_len"] for m in models] == [plan["max_model_len"]]
-        client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=60)
+        client = openai.OpenAI(base_url=f"{proxy}/v1", api_key=AGENT_KEY, timeout=60)
         reply = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
         )
@@ -492,7 +497,7 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
 
     wait_for("the full plan back at an idle moment", full_again, 180)
     assert vllm_healthy(host)
-    models = requests.get(f"{proxy}/v1/models", timeout=30).json()["data"]
+    models = requests.get(f"{proxy}/v1/models", headers=AGENT_AUTH, timeout=30).json()["data"]
     assert [m["max_model_len"] for m in models] == [65536]
 
 
@@ -600,7 +605,7 @@ def test_a_vram_failure_at_start_is_reclaimed_and_the_retry_serves(
     assert "could not get its memory in" not in logs  # never gave up
     assert not st["llm_plan"]["degraded"], st["llm_plan"]
     assert "llm_insufficient_vram" not in {a["name"] for a in st["alerts"]}
-    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", timeout=120)
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key=AGENT_KEY, timeout=120)
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=4
     )

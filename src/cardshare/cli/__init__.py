@@ -5,7 +5,8 @@
 - :mod:`cardshare.cli.bench`: ``cardshare bench retrieval``;
 - :mod:`cardshare.cli.campaign`: ``cardshare campaign status``;
 - :mod:`cardshare.cli.ratchet`: ``cardshare ratchet``, the retrieval tier's watchdog;
-- :mod:`cardshare.cli.common`: what they share.
+- :mod:`cardshare.cli.common`: what they share;
+- :mod:`cardshare.proxy.keytool`: ``cardshare proxy key``, the patient proxy's API keys.
 
 Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage error.
 """
@@ -21,6 +22,7 @@ from cardshare.cli.arbiter import ArbiterError
 from cardshare.cli.campaign import CampaignError
 from cardshare.cli.common import UsageError
 from cardshare.naming import NamingError
+from cardshare.proxy import keytool as proxy_keytool
 from cardshare.recorder import OutputError
 
 __all__ = ["main"]
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     campaign.add_parsers(sub)
     ratchet.add_parsers(sub)
+    proxy_keytool.add_parsers(sub)
     return parser
 
 
@@ -47,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "proxy":
+        return proxy_keytool.run(args, sys.stdout)
     commands = recorder.COMMANDS | arbiter.COMMANDS | ratchet.COMMANDS
     command = commands.get(args.command)
     if command is None:

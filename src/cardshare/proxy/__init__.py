@@ -6,10 +6,14 @@ answers a clear 503 with ``Retry-After`` when a bound is hit, never a 502. It de
 request's head alone and leaves a held request's body unread until release; slow clients
 are cut off by :mod:`cardshare.serverguard`. ``/proxy/state`` reports in-flight and held
 requests (and their buffered body bytes) to the arbiter; ``/metrics`` speaks Prometheus text.
+With a key file, a proxied request needs ``Authorization: Bearer KEY`` (401 otherwise), each
+key has its own bound on held and in-flight requests (429), and the upstream gets the proxy's
+own key instead of the agent's; listening beyond loopback requires a key file.
 
 Modules: ``config`` (settings, JSON file and CLI flags), ``rules`` (pure decisions: admission,
 retry backoff, header filtering, error bodies), ``mode`` (the arbiter's mode and its source),
-``holdqueue`` (the FIFO of held requests), ``metrics`` (counters and their
-``prometheus_client`` metric families), ``server`` (the aiohttp edge). Run with
+``holdqueue`` (the FIFO of held requests), ``keys`` (the agents' hashed API keys and their
+file, reloaded when it changes), ``keytool`` (``cardshare proxy key add``), ``metrics``
+(counters and their ``prometheus_client`` metric families), ``server`` (the aiohttp edge). Run with
 ``python -m cardshare.proxy --config FILE``.
 """

@@ -11,21 +11,25 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from cardshare.proxy.config import ConfigError, ProxyConfig, config_from_args
+from cardshare.proxy.keys import KeysFileError
 from cardshare.proxy.server import Proxy
 
 
-async def serve(config: ProxyConfig) -> None:
+async def serve(config: ProxyConfig, proxy: Proxy) -> None:
     """Serve until SIGTERM or SIGINT."""
-    runner = Proxy(config).make_runner()
+    runner = proxy.make_runner()
     await runner.setup()
     site = web.TCPSite(runner, config.listen_host, config.listen_port, backlog=1024)
     await site.start()
     logging.getLogger("cardshare.proxy").info(
-        "listening on %s:%d, upstream %s, arbiter %s",
+        "listening on %s:%d, upstream %s, arbiter %s, %s",
         config.listen_host,
         config.listen_port,
         config.upstream_url,
         config.arbiter_url,
+        "no API keys (loopback)"
+        if proxy.keyring is None
+        else f"{len(proxy.keyring.keys)} API keys from {config.keys_file}",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -47,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(config))
+    try:
+        proxy = Proxy(config)
+    except KeysFileError as exc:
+        print(f"cardshare.proxy: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(config, proxy))
     return 0
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from cardshare.proxy.keys import is_loopback
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -51,13 +53,33 @@ class ProxyConfig:
     body_timeout_seconds: float = 30.0
     #: An idle kept-alive client connection is closed after this time.
     keepalive_timeout_seconds: float = 75.0
+    #: The file of hashed API keys (:mod:`cardshare.proxy.keys`); "" lets every request in,
+    #: which only a loopback ``listen_host`` allows.
+    keys_file: str = ""
+    #: How often the key file's stat is polled for a change.
+    keys_reload_seconds: float = 1.0
+    #: Requests one key may have held and in flight at once (429 beyond); a key's line may
+    #: set its own with ``max_requests=N``.
+    key_max_requests: int = 16
+    #: A file whose first line is the upstream's own key (vLLM's ``--api-key``), sent as
+    #: ``Authorization: Bearer``; "" sends none. The agents' keys never go upstream.
+    upstream_api_key_file: str = ""
 
 
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range."""
 
 
-_POSITIVE = {"hold_max_seconds", "mode_poll_seconds", "pool_limit", "max_body_bytes"}
+_POSITIVE = {
+    "hold_max_seconds",
+    "mode_poll_seconds",
+    "pool_limit",
+    "max_body_bytes",
+    "keys_reload_seconds",
+    "key_max_requests",
+}
+#: Paths that may be "" (not set).
+_OPTIONAL_PATHS = {"keys_file", "upstream_api_key_file"}
 _NON_NEGATIVE = {"hold_max_requests", "connect_retry_seconds", "retry_after_seconds"}
 #: Read timeouts of the client side (cardshare.serverguard): finite and > 0.
 _TIMEOUTS = {"header_timeout_seconds", "body_timeout_seconds", "keepalive_timeout_seconds"}
@@ -96,6 +118,9 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
     values: dict[str, Any] = {}
     for key, value in settings.items():
+        if key in _OPTIONAL_PATHS and value == "":
+            values[key] = value
+            continue
         checked = _check_type(key, value, getattr(defaults, key))
         if key in _POSITIVE and checked <= 0:
             raise ConfigError(f"{key} must be > 0, got {value!r}")
@@ -111,6 +136,12 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
         url = getattr(config, key)
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{key} must start with http:// or https://, got {url!r}")
+    if not config.keys_file and not is_loopback(config.listen_host):
+        raise ConfigError(
+            f"listen_host {config.listen_host!r} is reachable beyond this machine and keys_file "
+            "is not set: anyone on the network could use the card; set keys_file to a file of "
+            "hashed API keys (cardshare proxy key add NAME --file FILE) or listen on 127.0.0.1"
+        )
     return config
 
 
@@ -158,6 +189,12 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--header-timeout-seconds", dest="header_timeout_seconds", type=float)
     parser.add_argument("--body-timeout-seconds", dest="body_timeout_seconds", type=float)
     parser.add_argument("--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", type=float)
+    parser.add_argument("--keys-file", dest="keys_file", help="file of hashed API keys")
+    parser.add_argument("--keys-reload-seconds", dest="keys_reload_seconds", type=float)
+    parser.add_argument("--key-max-requests", dest="key_max_requests", type=int)
+    parser.add_argument(
+        "--upstream-api-key-file", dest="upstream_api_key_file", help="file of vLLM's own key"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 

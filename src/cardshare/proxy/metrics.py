@@ -30,6 +30,8 @@ OUTCOMES = (
     "rejected_stopping",
     "client_gone",
     "upstream_error",
+    "rejected_unauthorized",
+    "rejected_key_limit",
 )
 
 #: Upper bounds (seconds) of the hold-time histogram buckets.
@@ -93,6 +95,11 @@ class Gauges:
     header_timeouts: int = 0
     #: Request bodies that did not arrive in time (counter).
     body_timeouts: int = 0
+    #: 1 when the key file on disk is the one in force, 0 when it is not (unreadable or
+    #: malformed: the last good keys stay); None when the proxy takes no keys.
+    keys_file_ok: int | None = None
+    #: Keys in force (None when the proxy takes no keys).
+    keys: int | None = None
 
 
 #: Where the believed mode can come from (``cardshare_proxy_mode_source``).
@@ -160,6 +167,20 @@ def families(counters: Counters, gauges: Gauges) -> list[Metric]:
             value=counters.arbiter_poll_failures,
         ),
         read_timeouts,
+        *_key_families(p, gauges),
+    ]
+
+
+def _key_families(p: str, gauges: Gauges) -> list[Metric]:
+    if gauges.keys_file_ok is None or gauges.keys is None:
+        return []
+    return [
+        GaugeMetricFamily(
+            f"{p}keys_file_ok",
+            "1 when the key file on disk is in force, 0 when it did not load (last good kept).",
+            value=gauges.keys_file_ok,
+        ),
+        GaugeMetricFamily(f"{p}keys", "API keys in force.", value=gauges.keys),
     ]
 
 

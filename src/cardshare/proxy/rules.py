@@ -4,7 +4,7 @@
 - :func:`hold_expired` and :func:`connect_deadline`: the time bounds;
 - :func:`retry_delay`: the backoff schedule for refused connections;
 - :func:`is_proxied_path`, :func:`request_headers`, :func:`response_headers`: what passes;
-- :func:`error_body` and the ``*_message`` helpers: OpenAI-shaped 503/413/408 bodies.
+- :func:`error_body` and the ``*_message`` helpers: OpenAI-shaped 503/429/413/408/401 bodies.
 """
 
 from __future__ import annotations
@@ -176,6 +176,21 @@ def too_large_message(max_body_bytes: int) -> str:
 def body_timeout_message(body_timeout_seconds: float) -> str:
     """Why a request is refused when its body does not arrive in time."""
     return f"request body not received within {body_timeout_seconds:g} s (body_timeout_seconds)"
+
+
+#: The 401's message, as OpenAI words a missing or wrong key (the key itself is never echoed).
+UNAUTHORIZED_MESSAGE = (
+    "Incorrect or missing API key: send 'Authorization: Bearer KEY' with a key the proxy "
+    "knows (cardshare proxy key add NAME on the proxy's host makes one)"
+)
+
+
+def key_limit_message(name: str, bound: int, retry_after: int) -> str:
+    """Why a request is refused because its key already has ``bound`` requests."""
+    return (
+        f"key {name!r} already has {bound} requests held or in flight (key_max_requests); "
+        f"retry after {retry_after} s"
+    )
 
 
 def error_body(message: str, code: str, err_type: str = "service_unavailable") -> bytes:

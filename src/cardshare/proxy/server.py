@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from cardshare import exposition, serverguard
 from cardshare.proxy import rules
 from cardshare.proxy.config import ProxyConfig
 from cardshare.proxy.holdqueue import HoldQueue
+from cardshare.proxy.keys import Key, KeyRing, bearer_token, lookup, read_secret
 from cardshare.proxy.metrics import Counters, Gauges, families
 from cardshare.proxy.mode import (
     ModePayloadError,
@@ -43,6 +45,8 @@ LOG = logging.getLogger("cardshare.proxy")
 #: Headers aiohttp's client would otherwise add on its own: the client's request passes as is.
 _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
 DEFAULT_BACKOFF = rules.Backoff()
+#: The OpenAI ``type`` of the proxy's own error answers by status (others: invalid request).
+_ERROR_TYPES = {503: "service_unavailable", 429: "requests"}
 #: Bodies of known length up to this size are relayed in one write, with the headers.
 SMALL_BODY_BYTES = 256 * 1024
 #: Methods sent without a body when the client sent none.
@@ -116,6 +120,18 @@ class Proxy:
         self._mode_url = config.arbiter_url.rstrip("/") + "/v1/mode"
         self._status_url = config.arbiter_url.rstrip("/") + "/v1/status"
         self._use_status = False
+        #: The agents' keys (None: every request is let in, loopback only); raises
+        #: :class:`cardshare.proxy.keys.KeysFileError` when the file does not load.
+        self.keyring: KeyRing | None = None
+        if config.keys_file:
+            self.keyring = KeyRing(Path(config.keys_file))
+            self.keyring.load()
+        #: The upstream's own ``Authorization``, sent instead of any agent's.
+        self._upstream_auth: str | None = None
+        if config.upstream_api_key_file:
+            self._upstream_auth = "Bearer " + read_secret(config.upstream_api_key_file)
+        #: Requests held or in flight per key name.
+        self.key_load: dict[str, int] = {}
         #: The proxy's own registry: one collector reading :meth:`metric_families` per scrape.
         self.registry = exposition.registry_of(self.metric_families)
 
@@ -166,6 +182,11 @@ class Proxy:
             await self.poll_mode_once()
             await asyncio.sleep(self.config.mode_poll_seconds)
 
+    async def _watch_keys(self, keyring: KeyRing) -> None:
+        while True:
+            await asyncio.sleep(self.config.keys_reload_seconds)
+            keyring.maybe_reload()
+
     # ----------------------------------------------------------------- lifecycle
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
@@ -180,13 +201,16 @@ class Proxy:
         self._arbiter_session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=poll_timeout)
         )
-        poller = asyncio.ensure_future(self._poll_forever())
+        tasks = [asyncio.ensure_future(self._poll_forever())]
+        if self.keyring is not None:
+            tasks.append(asyncio.ensure_future(self._watch_keys(self.keyring)))
         try:
             yield
         finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._session.close()
             await self._arbiter_session.close()
 
@@ -255,6 +279,8 @@ class Proxy:
             held_body_bytes=self.queue.buffered_bytes(),
             header_timeouts=self.guard_stats.header_timeouts,
             body_timeouts=self.guard_stats.body_timeouts,
+            keys_file_ok=None if self.keyring is None else int(self.keyring.file_ok),
+            keys=None if self.keyring is None else len(self.keyring.keys),
         )
         return families(self.counters, gauges)
 
@@ -262,8 +288,9 @@ class Proxy:
 
     def _error(self, status: int, message: str, code: str, outcome: str) -> web.Response:
         self.counters.count(outcome)
-        headers = {"Retry-After": str(self.config.retry_after_seconds)} if status == 503 else {}
-        err_type = "service_unavailable" if status == 503 else "invalid_request_error"
+        retry = status in (429, 503)
+        headers = {"Retry-After": str(self.config.retry_after_seconds)} if retry else {}
+        err_type = _ERROR_TYPES.get(status, "invalid_request_error")
         return web.Response(
             status=status,
             body=rules.error_body(message, code, err_type),
@@ -284,12 +311,31 @@ class Proxy:
                 ),
                 content_type="application/json",
             )
+        key: Key | None = None
+        if self.keyring is not None:
+            key = lookup(self.keyring.keys, bearer_token(request.headers.get("Authorization")))
+            if key is None:
+                return self._error(
+                    401, rules.UNAUTHORIZED_MESSAGE, "invalid_api_key", "rejected_unauthorized"
+                )
+            bound = key.max_requests or self.config.key_max_requests
+            load = self.key_load.get(key.name, 0)
+            if load >= bound:
+                msg = rules.key_limit_message(key.name, bound, self.config.retry_after_seconds)
+                return self._error(429, msg, "rate_limit_exceeded", "rejected_key_limit")
+            self.key_load[key.name] = load + 1
         arrived = self.clock()
         self.last_request_started = self.wall()
         try:
             return await self._proxied(request, arrived)
         finally:
             self.last_request_finished = self.wall()
+            if key is not None:
+                left = self.key_load[key.name] - 1
+                if left:
+                    self.key_load[key.name] = left
+                else:
+                    del self.key_load[key.name]
 
     async def _read_body(self, request: web.Request) -> bytes | None:
         """The whole request body, or None when it exceeds ``max_body_bytes``.
@@ -396,6 +442,11 @@ class Proxy:
         )
         url = URL(self._upstream + request.raw_path, encoded=True)
         headers = rules.request_headers(list(request.headers.items()))
+        if self.keyring is not None or self._upstream_auth is not None:
+            # the agent's key stays here; the upstream gets the proxy's own (or none)
+            headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
+            if self._upstream_auth is not None:
+                headers.append(("Authorization", self._upstream_auth))
         data = body if body or request.method not in _BODYLESS else None
         attempt = 0
         while True:

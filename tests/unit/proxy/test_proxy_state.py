@@ -137,7 +137,8 @@ def test_counters_refuse_unknown_outcome() -> None:
         Counters().count("lost")
     assert str(err.value) == (
         "unknown outcome 'lost'; known: forwarded, rejected_count, rejected_time, "
-        "rejected_too_large, rejected_body_timeout, rejected_stopping, client_gone, upstream_error"
+        "rejected_too_large, rejected_body_timeout, rejected_stopping, client_gone, "
+        "upstream_error, rejected_unauthorized, rejected_key_limit"
     )
 
 
