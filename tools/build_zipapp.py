@@ -62,6 +62,7 @@ MODULES = (
     "retrieval/record.py",
     "retrieval/resident.py",
     "retrieval/wire.py",
+    "sqlitestore.py",
 )
 PACKED = {"cardshare", "cardshare.recorder", "cardshare.campaign"} | {
     "cardshare." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")

@@ -127,10 +127,16 @@ async def serve(config: Config, token: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cardshare.arbiter")
     parser.add_argument("--config", required=True, type=Path, help="the arbiter's JSON config")
+    parser.add_argument(
+        "--check", action="store_true", help="check the config (not the token file), then exit"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         config = load_config(args.config)
+        if args.check:
+            print(f"cardshare.arbiter: {args.config} is valid", flush=True)
+            return 0
         token = read_token(config)
     except ConfigError as exc:
         print(f"cardshare.arbiter: {exc}", file=sys.stderr)

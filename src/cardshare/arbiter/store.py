@@ -7,11 +7,10 @@ an arbiter killed at any moment finds where it was.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from cardshare.arbiter.states import MODE_OF, Mode, Outcome, Phase, swap_direction
 from cardshare.atomicfile import write_atomic
+from cardshare.sqlitestore import open_store, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS machine (
@@ -91,12 +91,12 @@ CREATE TABLE IF NOT EXISTS workflow_peaks (
 );
 """
 
-# columns added after the first release: (name, definition) added to an older database
-_JOB_COLUMNS_ADDED = (
-    ("errors", "INTEGER NOT NULL DEFAULT 0"),
-    ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
-    ("saved", "TEXT"),
-    ("restarts", "INTEGER NOT NULL DEFAULT 0"),
+# columns added after the first release: (table, name, definition) added to an older database
+_COLUMNS_ADDED = (
+    ("jobs", "errors", "INTEGER NOT NULL DEFAULT 0"),
+    ("jobs", "cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
+    ("jobs", "saved", "TEXT"),
+    ("jobs", "restarts", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # what Store.daily_counts counts per day
@@ -192,11 +192,8 @@ class Store:
         marker = path.with_name(MARKER_NAME)
         _check_expected(path, marker)
         try:
-            self.conn = sqlite3.connect(str(path), isolation_level=None)
-            self._open(path)
+            self.conn = open_store(path, SCHEMA, _COLUMNS_ADDED)
         except sqlite3.DatabaseError as exc:
-            with contextlib.suppress(AttributeError):
-                self.conn.close()
             raise StoreError(
                 f"the arbiter's database {path} is damaged ({exc}): it is kept as it is for "
                 f"inspection; restore it from a backup, or move it and {marker.name} away to "
@@ -220,30 +217,11 @@ class Store:
             return f"the database {self.path} was replaced by another file while the arbiter ran"
         return None
 
-    def _open(self, path: Path) -> None:
-        result = self.conn.execute("PRAGMA quick_check").fetchone()
-        if not result or result[0] != "ok":
-            raise sqlite3.DatabaseError(f"quick_check says {result[0] if result else 'nothing'}")
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(SCHEMA)
-        have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
-        for name, definition in _JOB_COLUMNS_ADDED:
-            if name not in have:
-                self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
-
     def close(self) -> None:
         self.conn.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.conn)
 
     # -- the machine ---------------------------------------------------------------------
 

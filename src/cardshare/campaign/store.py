@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from cardshare.sqlitestore import open_store, transaction
 
 __all__ = ["FileRow", "FileState", "Store"]
 
@@ -98,23 +99,13 @@ class Store:
     def __init__(self, path: Path, clock: Any = time.time) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
-        self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(SCHEMA)
+        self.conn = open_store(path, SCHEMA, check_same_thread=False)
 
     def close(self) -> None:
         self.conn.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.conn)
 
     def get(self, path: str) -> FileRow | None:
         raw = self.conn.execute(f"SELECT {_COLUMNS} FROM files WHERE path = ?", (path,)).fetchone()

@@ -13,7 +13,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from cardshare.sqlitestore import open_readonly
 
 __all__ = [
     "CampaignMonth",
@@ -67,7 +68,7 @@ def read_campaign_month(database: Path, month: str) -> CampaignMonth | None:
         return None
     start, end = _bounds(month)
     try:
-        conn = sqlite3.connect(f"file:{quote(str(database))}?mode=ro", uri=True, timeout=5)
+        conn = open_readonly(database)
         try:
             done, saved, seconds = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size - new_size), 0),"

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from cardshare.proxy.config import ConfigError, ProxyConfig, config_from_args
+from cardshare.proxy.config import (
+    ConfigError,
+    ProxyConfig,
+    argument_parser,
+    config_from_args,
+)
 from cardshare.proxy.keys import KeysFileError
 from cardshare.proxy.server import Proxy
 
@@ -43,11 +48,15 @@ async def serve(config: ProxyConfig, proxy: Proxy) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a bad configuration)."""
+    args = argument_parser().parse_args(argv)
     try:
-        config, log_level = config_from_args(argv)
+        config, log_level = config_from_args(args)
     except ConfigError as exc:
         print(f"cardshare.proxy: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        print("cardshare.proxy: the settings are valid", flush=True)
+        return 0
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

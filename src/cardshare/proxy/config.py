@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -196,12 +196,14 @@ def argument_parser() -> argparse.ArgumentParser:
         "--upstream-api-key-file", dest="upstream_api_key_file", help="file of vLLM's own key"
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--check", action="store_true", help="check the config and the flags, then exit"
+    )
     return parser
 
 
-def config_from_args(argv: Sequence[str] | None = None) -> tuple[ProxyConfig, str]:
-    """``(config, log level)`` from the command line (and the file it names)."""
-    args = argument_parser().parse_args(argv)
+def config_from_args(args: argparse.Namespace) -> tuple[ProxyConfig, str]:
+    """``(config, log level)`` from the parsed command line (and the file it names)."""
     settings: dict[str, Any] = {}
     if args.config is not None:
         try:

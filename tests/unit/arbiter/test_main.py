@@ -54,6 +54,23 @@ def test_world_readable_token_file_is_refused(tmp_path: Path) -> None:
     assert arbiter_main.main(["--config", str(_config_file(tmp_path, 0o640))]) == 2
 
 
+def test_check_reads_the_config_only_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check (what the role runs in the image before it touches the project): the config is
+    parsed as the service would; the token file and the database are not there to read yet."""
+    path = _config_file(tmp_path)
+    (tmp_path / "token").unlink()
+    assert arbiter_main.main(["--config", str(path), "--check"]) == 0
+    assert capsys.readouterr().out == f"cardshare.arbiter: {path} is valid\n"
+    assert not (tmp_path / "data").exists()
+    config = json.loads(path.read_text())
+    config["listen_port"] = 0
+    path.write_text(json.dumps(config))
+    assert arbiter_main.main(["--config", str(path), "--check"]) == 2
+    assert capsys.readouterr().err.startswith("cardshare.arbiter: config key 'listen_port' has ")
+
+
 def test_empty_database_stops_the_arbiter_with_a_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

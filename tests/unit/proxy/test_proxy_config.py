@@ -12,6 +12,7 @@ from cardshare.proxy.__main__ import main
 from cardshare.proxy.config import (
     ConfigError,
     ProxyConfig,
+    argument_parser,
     build_config,
     config_from_args,
     parse_config_text,
@@ -140,14 +141,16 @@ def test_read_timeouts_from_file_and_flags(tmp_path: Path) -> None:
     path = tmp_path / "proxy.json"
     path.write_text(json.dumps({"header_timeout_seconds": 4, "body_timeout_seconds": 20}))
     config, _ = config_from_args(
-        [
-            "--config",
-            str(path),
-            "--body-timeout-seconds",
-            "12.5",
-            "--keepalive-timeout-seconds",
-            "9",
-        ]
+        argument_parser().parse_args(
+            [
+                "--config",
+                str(path),
+                "--body-timeout-seconds",
+                "12.5",
+                "--keepalive-timeout-seconds",
+                "9",
+            ]
+        )
     )
     assert (
         config.header_timeout_seconds,
@@ -165,21 +168,36 @@ def test_main_reports_a_bad_timeout(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
 
 
+def test_check_validates_and_exits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--check (what the arbiter role runs in the image before it touches the project)."""
+    path = tmp_path / "proxy.json"
+    path.write_text(json.dumps({"listen_port": 9000}))
+    assert main(["--config", str(path), "--check"]) == 0
+    assert capsys.readouterr().out == "cardshare.proxy: the settings are valid\n"
+    path.write_text(json.dumps({"listen_port": 9000, "hold_max_request": 8}))
+    assert main(["--config", str(path), "--check"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "cardshare.proxy: unknown setting(s) hold_max_request;"
+    )
+
+
 def test_flags_beat_the_file(tmp_path: Path) -> None:
     path = tmp_path / "proxy.json"
     path.write_text(
         json.dumps({"listen_port": 9000, "hold_max_requests": 8, "hold_max_seconds": 60})
     )
     config, level = config_from_args(
-        [
-            "--config",
-            str(path),
-            "--listen-port",
-            "9100",
-            "--no-trust-mode-when-arbiter-down",
-            "--log-level",
-            "debug",
-        ]
+        argument_parser().parse_args(
+            [
+                "--config",
+                str(path),
+                "--listen-port",
+                "9100",
+                "--no-trust-mode-when-arbiter-down",
+                "--log-level",
+                "debug",
+            ]
+        )
     )
     assert (config.listen_port, config.hold_max_requests, config.hold_max_seconds) == (
         9100,

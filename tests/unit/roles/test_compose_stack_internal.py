@@ -1,6 +1,6 @@
 """compose_stack is internal: the stack roles include it, a play that names it is refused.
 
-The guard is the first task of both entry points (``main`` and ``verify``) and reads
+The guard is the first task of every entry point (``main``, ``verify`` and ``check``) and reads
 ``ansible_parent_role_names``, which Ansible sets only when a role includes the role. Each case
 is a play on localhost: compose_stack named by the play itself, or included by a small role the
 way vllm, comfyui, plex and arbiter include it. The role's case asks for ``absent`` under a
@@ -68,6 +68,7 @@ STACK_ROLE = """\
 CASES: dict[str, dict[str, Any]] = {
     "play-names-main": {"case_entry": "main", "case_through_role": False},
     "play-names-verify": {"case_entry": "verify", "case_through_role": False},
+    "play-names-check": {"case_entry": "check", "case_through_role": False},
     "role-includes-main": {"case_entry": "main", "case_through_role": True},
 }
 
@@ -81,7 +82,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_cases(workdir, PLAYBOOK, CASES)
 
 
-@pytest.mark.parametrize("case", ["play-names-main", "play-names-verify"])
+@pytest.mark.parametrize("case", ["play-names-main", "play-names-verify", "play-names-check"])
 def test_a_play_that_names_it_is_refused_with_the_way_out(
     outcomes: dict[str, Any], case: str
 ) -> None:
