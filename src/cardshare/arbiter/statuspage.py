@@ -181,7 +181,7 @@ def tenants_bar(
         int(t["vram_bytes"]) for t in held if t["note"] and t["note"].startswith("started")
     )
     held_text = (
-        f"{gib(used - planned)} measured and {gib(planned)} planned"
+        f"{gib(used - planned)} measured and {gib(planned)} planned,"
         if planned
         else f"{gib(used)} held"
     )
