@@ -671,8 +671,9 @@ def render_main(doc: dict[str, Any]) -> str:
     colours = _colours(sorted(names))  # one colour per client across the bar and the charts
     return (
         '<div class="first">'
-        f'<div class="now"><p id="generated" data-generated="{doc["generated"]}">As of '
-        f"{_e(_utc(doc['generated']))}.</p>{_facts(doc)}</div>"
+        '<section class="now" aria-labelledby="now-h"><h2 id="now-h">Now</h2>'
+        f'<p id="generated" data-generated="{doc["generated"]}">As of '
+        f"{_e(_utc(doc['generated']))}.</p>{_facts(doc)}</section>"
         f"{_card_section(doc, colours)}{_alerts_section(doc)}</div>"
         + _swaps_section(doc)
         + _arbiter_section(doc)
