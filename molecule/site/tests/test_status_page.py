@@ -39,7 +39,8 @@ ANSWERS = {
     "card bar": "figure[data-chart=tenants] svg",
     "card age": "[data-card-age]",
     "tenants": "figure[data-chart=tenants] ul.tenants",
-    "alerts": "#alerts",
+    "alerts": "#alerts-h",
+    "first alert": "#alerts > ul > li:first-child, #alerts > p",
 }
 DAY_STEP, MONTH_STEP = 300, 3600
 

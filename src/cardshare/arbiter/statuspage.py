@@ -36,6 +36,7 @@ FREE_COLOUR = "#e0e0e0"
 _W, _H = 640, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 8, 10, 26
 _BAR_H = 40
+ALERT_SHORT = 120  # an alert's message longer than this is folded after its first words
 
 Fmt = Callable[[float], str]
 
@@ -498,17 +499,18 @@ def _plan_text(plan: dict[str, Any]) -> str:
 
 def _alerts_section(doc: dict[str, Any]) -> str:
     alerts = doc.get("alerts") or []
-    body = (
-        "<ul>"
-        + "".join(
-            f'<li data-alert="{_e(a["name"])}"><strong>{_e(a["name"])}</strong>: '
-            f"{_e(a['message'])}</li>"
-            for a in alerts
-        )
-        + "</ul>"
-        if alerts
-        else "<p>No alerts.</p>"
-    )
+    items = []
+    for a in alerts:
+        name, message = _e(a["name"]), str(a["message"])
+        if len(message) <= ALERT_SHORT:
+            items.append(f'<li data-alert="{name}"><strong>{name}</strong>: {_e(message)}</li>')
+        else:  # a long one folds (a phone shows every alert's name on the first screen)
+            short = message[: ALERT_SHORT - 20].rsplit(" ", 1)[0]
+            items.append(
+                f'<li data-alert="{name}"><details id="alert-{name}"><summary><strong>{name}'
+                f"</strong>: {_e(short)} …</summary><p>{_e(message)}</p></details></li>"
+            )
+    body = f"<ul>{''.join(items)}</ul>" if alerts else "<p>No alerts.</p>"
     return (
         f'<section id="alerts" aria-labelledby="alerts-h" data-alerts="{len(alerts)}"'
         + (' class="alerting"' if alerts else "")

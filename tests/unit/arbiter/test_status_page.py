@@ -782,3 +782,24 @@ async def test_the_pages_look_at_the_proxy_is_bounded_and_garbage_is_named(
     world.proxy = {"in_flight": 0, "held": 1}
     again = await engine.proxy_doc(max_age=4.0, timeout=1.0)
     assert again == doc
+
+
+def test_a_long_alert_folds_after_its_first_words_and_keeps_its_whole_message() -> None:
+    long = "vLLM not ready within 600 s (attempt 3; last: " + "x" * 300 + ")"
+    text = render_page(
+        page_doc(
+            alerts=[
+                {"name": "llm_not_ready", "message": long},
+                {"name": "docker", "message": "<b>"},
+            ]
+        ),
+        "t",
+    )
+    balanced(text)
+    assert (
+        '<li data-alert="llm_not_ready"><details id="alert-llm_not_ready"><summary><strong>'
+        "llm_not_ready</strong>: vLLM not ready within 600 s (attempt 3; last: …</summary>"
+        f"<p>{long}</p></details></li>"
+    ) in text
+    assert '<li data-alert="docker"><strong>docker</strong>: &lt;b&gt;</li>' in text
+    assert '<h2 id="alerts-h">Alerts (2)</h2>' in text

@@ -3,11 +3,11 @@
 Headless Chromium (Debian's package, driven by Playwright, as in the site scenario's
 test_status_page.py) loads the page this test's arbiter app serves: the engine over the unit
 tests' fakes (arbiter_fakes: Docker, vLLM, ComfyUI, the proxy and the card are stand-ins) after
-a few swaps, with vLLM started after the last scan, requests held, a job queued and an alert
-raised. At a phone's 390x844 and a desktop's 1280x800 the answers (the mode, the card's bar
-and tenants, the alerts, the held requests, the queued jobs) must lie within the first
-viewport without scrolling, nothing may scroll sideways, and the swaps' table stays folded.
-Screenshots are kept in .cache/artifacts/ (CI keeps that directory)."""
+a few swaps, with vLLM started after the last scan, requests held, a job queued and two alerts
+raised (a long one folds). At a phone's 390x844 and a desktop's 1280x800 the answers (the
+mode, the card's bar and tenants, the alerts, the held requests, the queued jobs) must lie
+within the first viewport without scrolling, nothing may scroll sideways, and the swaps' table
+stays folded. Screenshots are kept in .cache/artifacts/ (CI keeps that directory)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ ANSWERS = {
     "card bar": "figure[data-chart=tenants] svg",
     "card age": "[data-card-age]",
     "tenants": "figure[data-chart=tenants] ul.tenants",
-    "alerts": "#alerts",
+    "alerts": "#alerts-h",
+    "first alert": "#alerts > ul > li:first-child, #alerts > p",
 }
 
 
@@ -111,6 +112,11 @@ async def busy_arbiter(tmp_path: Path) -> tuple[TestClient, Any]:
     engine.alerts.set(
         Alert.CARD_DATA,
         "card data is 300 s old even after a fresh scan (max 120 s): is the recorder running?",
+    )
+    engine.alerts.set(  # a long one (the real message, with a log excerpt): folded
+        Alert.LLM_OOM_KILLED,
+        "vLLM was killed for want of host memory (OOMKilled) while starting plan 0; the card is "
+        "held by: retrieval/ovms 3.0 GiB; log: " + "Loading safetensors checkpoint shards " * 8,
     )
     engine.alive = True
     world.clock.t += 12  # the page is looked at a little later
