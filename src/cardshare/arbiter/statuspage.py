@@ -438,7 +438,12 @@ def _card_section(doc: dict[str, Any], colours: dict[str, str]) -> str:
         body = (
             f'<p class="scan{" old" if old else ""}" data-card-age="{age:.0f}">Card data '
             f"scanned {_e(_when(float(card['scanned_at']), now))}"
-            + (" (old: is the recorder running?)" if old else "")
+            + (
+                f" (older than the {float(limit or 0):g} s the arbiter weighs a swap on: it "
+                "scans again before one)"
+                if old
+                else ""
+            )
             + "</p>"
             + tenants_bar(
                 doc.get("tenants") or [],

@@ -622,6 +622,7 @@ def test_an_owner_stopped_after_the_scan_is_marked_as_leaving() -> None:
 def test_old_card_data_is_flagged_and_nothing_measured_is_marked_without_changes() -> None:
     text = render_page(page_doc(card={"scanned_at": NOW - 600, "clients": []}), "t")
     assert 'class="scan old" data-card-age="600"' in text and "10 min ago" in text
+    assert "(older than the 120 s the arbiter weighs a swap on: it scans again before one)" in text
     assert "stripe" not in text and "not yet measured" not in text
 
 
