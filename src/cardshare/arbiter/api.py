@@ -396,6 +396,12 @@ def metric_families(engine: Engine) -> list[Metric]:
     )
 
 
+# the page's held requests: the engine's last look at the proxy when at most this old, else
+# a look of the page's own, bounded (the page refreshes every 5 s)
+PROXY_MAX_AGE_SECONDS = 4.0
+PROXY_TIMEOUT_SECONDS = 2.0
+
+
 class StatusData:
     """What the status page shows: the open status, the card's size, the recorder's history
     (re-read at most every ``refresh_seconds``, in a thread: the first read of a month is
@@ -433,10 +439,15 @@ class StatusData:
         card = engine.watch.last
         doc = status_doc(engine, authorized=False)
         doc.pop("current_job", None)
+        today = now - now % 86400  # the UTC day's start, as the page's days are
         doc.update(
             generated=now,
             card_total_bytes=engine.config.card_vram_bytes
             or (card.vram_total_bytes if card is not None else None),
+            card_data_max_age_seconds=engine.config.card_data_max_age_seconds,
+            since_scan=engine.since_scan(),
+            proxy=await engine.proxy_doc(PROXY_MAX_AGE_SECONDS, PROXY_TIMEOUT_SECONDS),
+            swaps_today={"since": today, "took_seconds": engine.store.swap_times(today)},
             history=history,
             daily=engine.store.daily_counts(now - 31 * 86400),
         )

@@ -60,7 +60,17 @@ from cardshare.arbiter.rules import (
     should_swap_to_image,
     update_activity,
 )
-from cardshare.arbiter.states import HANDBACK_PHASES, MODE_OF, Mode, Outcome, Phase, next_phase
+from cardshare.arbiter.states import (
+    HANDBACK_PHASES,
+    MODE_OF,
+    OWNER_RUNS,
+    OWNER_STARTS,
+    OWNER_STOPS,
+    Mode,
+    Outcome,
+    Phase,
+    next_phase,
+)
 from cardshare.arbiter.store import Job, MachineState, Store, job_dir
 from cardshare.arbiter.swaps import Swaps
 from cardshare.arbiter.yielding import YieldingTenants
@@ -102,6 +112,8 @@ class Engine:
         self.pace = Pace(self.clock)  # the heartbeat, and the time a phase waited
         self.watch = CardWatch(self.card, self.config.llm_names)
         self.last_decision = Decision(False, ("not evaluated yet",))
+        # the proxy's last answer: (monotonic, wall clock, its state, or why there is none)
+        self.proxy_seen: tuple[float, float, ProxyState | None, str | None] | None = None
         self.storage_paused: str | None = None  # why the data directory cannot take jobs
         # a move toward vLLM taken while the database could not be written: the state in
         # memory is ahead of the database's until storage works again
@@ -237,10 +249,72 @@ class Engine:
     async def _proxy_state(self) -> tuple[ProxyState | None, str | None]:
         if self.proxy is None:
             return None, None
+        seen: tuple[ProxyState | None, str | None]
         try:
-            return parse_proxy_state(await self.proxy.state()), None
+            seen = parse_proxy_state(await self.proxy.state()), None
         except (Unavailable, Rejected, ValueError) as exc:
-            return None, str(exc)
+            seen = None, str(exc)
+        self.proxy_seen = (self.clock.monotonic(), self.clock.now(), *seen)
+        return seen
+
+    async def proxy_doc(self, max_age: float, timeout: float) -> dict[str, Any] | None:
+        """The proxy's held requests for the status page: the engine's own last look when at
+        most ``max_age`` seconds old, else a look of the page's, bounded by ``timeout`` (the
+        swap phases do not ask the proxy); None: no proxy configured."""
+        if self.proxy is None:
+            return None
+        if self.proxy_seen is None or self.clock.monotonic() - self.proxy_seen[0] > max_age:
+            try:
+                await asyncio.wait_for(self._proxy_state(), timeout)
+            except TimeoutError:
+                self.proxy_seen = (
+                    self.clock.monotonic(),
+                    self.clock.now(),
+                    None,
+                    f"the proxy did not answer within {timeout:g} s",
+                )
+        assert self.proxy_seen is not None
+        _, at, state, error = self.proxy_seen
+        return {
+            "at": at,
+            "held": None if state is None else state.held,
+            "in_flight": None if state is None else state.in_flight,
+            "oldest_held_seconds": None if state is None else state.oldest_held_seconds,
+            "error": error,
+        }
+
+    def since_scan(self) -> list[dict[str, Any]]:
+        """What the arbiter started or stopped on the card after the last card data was
+        scanned: vLLM up since a swap back is not in a scan taken before it started (the
+        status page marks it so, instead of showing its memory free)."""
+        last = self.watch.last
+        scanned = last.scanned_at if last is not None else None
+        out: list[dict[str, Any]] = []
+        for role in ("llm", "image"):
+            runs = self.state.phase in OWNER_RUNS[role]
+            at = self.store.last_move((OWNER_STARTS if runs else OWNER_STOPS)[role])
+            if at is None or (scanned is not None and at <= scanned):
+                continue
+            if role == "llm":
+                names = self.config.llm_names
+                index = self.reclaim.plan_index
+                mine = self.config.plan_container(index).client_name
+                name = mine if mine in names else names[0]
+                plan = self.config.plans[index].reservation_bytes or None
+            else:
+                names = self.config.image_names
+                name, plan = names[0], None
+            out.append(
+                {
+                    "role": role,
+                    "name": name,
+                    "names": list(names),
+                    "event": "started" if runs else "stopped",
+                    "at": at,
+                    "plan_bytes": plan if runs else None,
+                }
+            )
+        return out
 
     def tenants(self) -> list[Tenant]:
         """The card's clients by kind, from the last card data."""

@@ -71,6 +71,26 @@ HANDBACK_PHASES = (
     Phase.WAIT_LLM_READY,
 )
 
+# what the arbiter does to each owner of the card, as the moves (from, to) that end it, and
+# the phases in which the owner runs: the status page weighs them against the card's scan
+OWNER_STARTS: dict[str, tuple[tuple[Phase, Phase], ...]] = {
+    "llm": ((Phase.START_LLM, Phase.WAIT_LLM_READY),),
+    "image": (
+        (Phase.START_IMAGE, Phase.WAIT_IMAGE_READY),
+        (Phase.RESTART_IMAGE, Phase.WAIT_IMAGE_READY),
+    ),
+}
+OWNER_STOPS: dict[str, tuple[tuple[Phase, Phase], ...]] = {
+    "llm": ((Phase.STOP_LLM, Phase.WAIT_LLM_RELEASE),),
+    "image": ((Phase.STOP_IMAGE, Phase.WAIT_IMAGE_RELEASE),),
+}
+OWNER_RUNS: dict[str, frozenset[Phase]] = {
+    "llm": frozenset({Phase.WAIT_LLM_READY, Phase.SERVE_LLM, Phase.STOP_LLM}),
+    "image": frozenset(
+        {Phase.WAIT_IMAGE_READY, Phase.RUN_JOBS, Phase.RESTART_IMAGE, Phase.STOP_IMAGE}
+    ),
+}
+
 # (phase, outcome) -> next phase. A pair that is not here is a bug, not a run-time choice.
 TRANSITIONS: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.SERVE_LLM, Outcome.SWAP): Phase.STOP_LLM,

@@ -13,6 +13,7 @@ the API keeps behind its token: no job ids, no outputs.
 from __future__ import annotations
 
 import html
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,8 @@ PALETTE = (
 FREE_COLOUR = "#e0e0e0"
 _W, _H = 640, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 8, 10, 26
+_BAR_H = 40
+ALERT_SHORT = 120  # an alert's message longer than this is folded after its first words
 
 Fmt = Callable[[float], str]
 
@@ -75,10 +78,16 @@ def _colours(names: Sequence[str]) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
-def _swatch(colour: str) -> str:
+def _swatch(colour: str, hollow: bool = False) -> str:
+    shape = (
+        f'<rect x="1" y="1" width="10" height="10" fill="#ffffff" stroke="{colour}" '
+        'stroke-width="2" stroke-dasharray="3 2"/>'
+        if hollow
+        else f'<rect width="12" height="12" fill="{colour}"/>'
+    )
     return (
         '<svg class="swatch" width="12" height="12" aria-hidden="true" focusable="false">'
-        f'<rect width="12" height="12" fill="{colour}"/></svg>'
+        f"{shape}</svg>"
     )
 
 
@@ -90,55 +99,129 @@ def _legend(colours: dict[str, str]) -> str:
 # --- the card's tenants: one stacked bar ------------------------------------------------------
 
 
+def _bar_entries(
+    tenants: list[dict[str, Any]], changes: list[dict[str, Any]], now: float
+) -> list[dict[str, Any]]:
+    """The scan's tenants, with what the arbiter started or stopped after the scan marked:
+    a tenant started since takes its plan's memory (or none, when unknown) in place of what
+    the scan saw of that name; one stopped since keeps the scan's figure, marked as leaving."""
+    started = {n: c for c in changes if c["event"] == "started" for n in c["names"]}
+    stopped = {n: c for c in changes if c["event"] == "stopped" for n in c["names"]}
+    out: list[dict[str, Any]] = []
+    for t in tenants:
+        if t["name"] in started:
+            continue
+        entry = {**t, "note": None}
+        change = stopped.get(t["name"])
+        if change is not None and t.get("vram_bytes", 0) > 0:
+            entry["note"] = f"stopped {_ago(now - change['at'])} ago, after this scan"
+        out.append(entry)
+    for change in changes:
+        if change["event"] != "started":
+            continue
+        plan = change.get("plan_bytes")
+        out.append(
+            {
+                "name": change["name"],
+                "kind": "owner",
+                "vram_bytes": int(plan or 0),
+                "note": f"started {_ago(now - change['at'])} ago, not yet measured"
+                + (f" (plan {gib(plan)})" if plan else ""),
+            }
+        )
+    return out
+
+
 def tenants_bar(
-    tenants: list[dict[str, Any]], total: int | None, palette: dict[str, str] | None = None
+    tenants: list[dict[str, Any]],
+    total: int | None,
+    palette: dict[str, str] | None = None,
+    changes: list[dict[str, Any]] | None = None,
+    now: float = 0.0,
 ) -> str:
-    held = [t for t in tenants if t.get("vram_bytes", 0) > 0]
+    """The card's memory as one bar, with its tenants listed beside it; ``changes`` are the
+    arbiter's starts and stops after the scan (``since_scan`` of the overview)."""
+    entries = _bar_entries(tenants, changes or [], now)
+    held = [t for t in entries if t.get("vram_bytes", 0) > 0]
     used = sum(int(t["vram_bytes"]) for t in held)
     size = total if total and total >= used else used
-    every = palette or _colours(sorted(t["name"] for t in held))
-    colours = {t["name"]: every.get(t["name"], PALETTE[0]) for t in held}
-    parts, x = [], 0.0
+    every = palette or _colours(sorted(t["name"] for t in entries))
+    colours = {t["name"]: every.get(t["name"], PALETTE[0]) for t in entries}
+    defs: list[str] = []
+    parts: list[str] = []
+    x = 0.0
     for t in held:
         width = _W * int(t["vram_bytes"]) / size if size else 0.0
+        fill = colours[t["name"]]
+        if t["note"]:  # not what the scan measured: striped
+            pid = f"stripe-{len(defs)}"
+            defs.append(
+                f'<pattern id="{pid}" width="10" height="10" patternUnits="userSpaceOnUse" '
+                f'patternTransform="rotate(45)"><rect width="10" height="10" fill="#ffffff"/>'
+                f'<rect width="5" height="10" fill="{fill}"/></pattern>'
+            )
+            fill = f"url(#{pid})"
+        note = f", {t['note']}" if t["note"] else ""
         parts.append(
             f'<rect data-tenant="{_e(t["name"])}" x="{x:.2f}" y="0" width="{width:.2f}" '
-            f'height="28" fill="{colours[t["name"]]}"><title>{_e(t["name"])} ({_e(t["kind"])}):'
-            f" {gib(t['vram_bytes'])}</title></rect>"
+            f'height="{_BAR_H}" fill="{fill}"><title>{_e(t["name"])} ({_e(t["kind"])}):'
+            f" {gib(t['vram_bytes'])}{_e(note)}</title></rect>"
         )
         x += width
+    # a tenant started since the scan whose plan's size is unknown is not in the bar
+    unknown = any(t["note"] and not t.get("vram_bytes") for t in entries)
+    free_word = "free at the scan" if unknown else "free"
     if size and x < _W:
         parts.append(
-            f'<rect data-tenant="free" x="{x:.2f}" y="0" width="{_W - x:.2f}" height="28" '
-            f'fill="{FREE_COLOUR}"><title>free: {gib(size - used)}</title></rect>'
+            f'<rect data-tenant="free" x="{x:.2f}" y="0" width="{_W - x:.2f}" '
+            f'height="{_BAR_H}" fill="{FREE_COLOUR}"><title>{free_word}: {gib(size - used)}'
+            "</title></rect>"
         )
     size_text = gib(total) if total else "unknown (the bar is what the clients hold)"
+    planned = sum(
+        int(t["vram_bytes"]) for t in held if t["note"] and t["note"].startswith("started")
+    )
+    held_text = (
+        f"{gib(used - planned)} measured and {gib(planned)} planned,"
+        if planned
+        else f"{gib(used)} held"
+    )
     desc = (
-        "; ".join(f"{t['name']} ({t['kind']}) {gib(t['vram_bytes'])}" for t in held)
+        "; ".join(
+            f"{t['name']} ({t['kind']}) {gib(t['vram_bytes'])}"
+            + (f", {t['note']}" if t["note"] else "")
+            for t in held
+        )
         or "nobody holds memory"
     )
-    rows = "".join(
-        f'<tr data-tenant="{_e(t["name"])}"><td>{_e(t["name"])}</td><td>{_e(t["kind"])}</td>'
-        f'<td class="num">{gib(t.get("vram_bytes", 0))}</td></tr>'
-        for t in tenants
-    )
-    free_row = (
-        f'<tr><td>free</td><td></td><td class="num">{gib(total - used)}</td></tr>'
-        if total and total >= used
-        else ""
-    )
+    items = []
+    for t in entries:
+        memory = (
+            gib(t.get("vram_bytes", 0))
+            if not (t["note"] and t["note"].startswith("started"))
+            else ""
+        )
+        note = f' <span class="note">{_e(t["note"])}</span>' if t["note"] else ""
+        items.append(
+            f'<li data-tenant="{_e(t["name"])}"{" data-pending" if t["note"] else ""}>'
+            f"{_swatch(colours[t['name']], bool(t['note']))} <strong>{_e(t['name'])}</strong>"
+            f' <span class="kind">{_e(t["kind"])}</span> <span class="num">{memory}</span>'
+            f"{note}</li>"
+        )
+    if total and total >= used:
+        items.append(
+            f'<li data-tenant="free">{_swatch(FREE_COLOUR)} {free_word} '
+            f'<span class="num">{gib(total - used)}</span></li>'
+        )
     return (
         '<figure data-chart="tenants">'
-        f'<svg viewBox="0 0 {_W} 28" width="100%" role="img" aria-labelledby="tenants-t '
+        f'<svg viewBox="0 0 {_W} {_BAR_H}" width="100%" role="img" aria-labelledby="tenants-t '
         f'tenants-d" preserveAspectRatio="none"><title id="tenants-t">The card\'s memory by '
         f'tenant</title><desc id="tenants-d">{_e(desc)}; card size {_e(size_text)}</desc>'
-        f"{''.join(parts)}</svg>"
-        f"<figcaption>Card memory {gib(used)} held of {_e(size_text)}</figcaption>"
-        f"{_legend(colours)}"
-        '<table class="tenants"><caption>Tenants by kind</caption><thead><tr><th scope="col">'
-        'Tenant</th><th scope="col">Kind</th><th scope="col" class="num">VRAM</th></tr></thead>'
-        f"<tbody>{rows or '<tr><td colspan=3>no client on the card</td></tr>'}{free_row}"
-        "</tbody></table></figure>"
+        f"{'<defs>' + ''.join(defs) + '</defs>' if defs else ''}{''.join(parts)}</svg>"
+        f"<figcaption>{held_text} of {_e(size_text)}</figcaption>"
+        '<ul class="tenants" aria-label="Tenants">'
+        f"{''.join(items) or '<li>no client on the card</li>'}</ul></figure>"
     )
 
 
@@ -237,7 +320,7 @@ def line_chart(
         f'</title><desc id="{chart_id}-d">{_e(desc)}; from {_e(_utc(start))} to '
         f"{_e(_utc(end))}</desc>{_axis(top, fmt, xlabels)}{''.join(groups)}{empty}</svg>"
         f"<figcaption>{_e(title)} (UTC)</figcaption>{_legend(colours) if series else ''}"
-        f"<details><summary>The numbers</summary><table><thead><tr>"
+        f'<details id="{_e(chart_id)}-numbers"><summary>The numbers</summary><table><thead><tr>'
         '<th scope="col">Series</th><th scope="col" class="num">Points</th>'
         '<th scope="col" class="num">Last</th><th scope="col" class="num">Peak</th>'
         '<th scope="col" class="num">Mean</th></tr></thead>'
@@ -293,7 +376,8 @@ def bar_chart(
         f'aria-labelledby="{chart_id}-t {chart_id}-d"><title id="{chart_id}-t">{_e(title)}'
         f'</title><desc id="{chart_id}-d">{_e(desc)}</desc>{_axis(top, fmt, xlabels)}'
         f"{''.join(bars)}</svg><figcaption>{_e(title)} (UTC days)</figcaption>"
-        f"{_legend(colours)}<details><summary>The numbers</summary><table><thead><tr>"
+        f'{_legend(colours)}<details id="{_e(chart_id)}-numbers"><summary>The numbers</summary>'
+        "<table><thead><tr>"
         f'<th scope="col">Day</th>{head}</tr></thead><tbody>{rows}</tbody></table></details>'
         "</figure>"
     )
@@ -302,27 +386,85 @@ def bar_chart(
 # --- the page ----------------------------------------------------------------------------------
 
 
-def _now_section(doc: dict[str, Any]) -> str:
+def _when(stamp: float, now: float) -> str:
+    """A past time for a person: the time of day when today (UTC), else the date too."""
+    same_day = time.gmtime(stamp)[:3] == time.gmtime(now)[:3]
+    return f"{_utc(stamp, '%H:%M:%S' if same_day else '%Y-%m-%d %H:%M')}, {_ago(now - stamp)} ago"
+
+
+def _facts(doc: dict[str, Any]) -> str:
+    """The mode, the held requests and the queue: the first questions, first."""
     now = float(doc["generated"])
+    mode = _e(doc["mode"])
+    phase = (
+        f' <span class="phase">now {_e(doc["phase"])}</span>' if doc["mode"] == "swapping" else ""
+    )
+    proxy = doc.get("proxy")
+    if proxy is None:
+        held, held_text = "none", "no proxy configured"
+    elif proxy.get("held") is None:
+        held, held_text = "unknown", "unknown: " + _e(proxy.get("error") or "no answer")
+    else:
+        held = str(int(proxy["held"]))
+        oldest = proxy.get("oldest_held_seconds")
+        held_text = held + (
+            f", the oldest for {_ago(float(oldest))}" if proxy["held"] and oldest else ""
+        )
+    queue = int(doc["queue_length"])
+    running = ", one running" if doc.get("job_running") else ""
+    items = [
+        (
+            "Mode",
+            f'<strong class="mode mode-{mode}" data-mode="{mode}">{mode}</strong> since '
+            f'<span data-since="{doc["since"]}">{_e(_when(float(doc["since"]), now))}</span>'
+            f"{phase}",
+        ),
+        ("Held requests", f'<span data-held="{held}">{held_text}</span>'),
+        ("Queued jobs", f'<span data-queue="{queue}">{queue}</span>{running}'),
+    ]
+    rows = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in items)
+    return f'<dl class="facts" data-facts>{rows}</dl>'
+
+
+def _card_section(doc: dict[str, Any], colours: dict[str, str]) -> str:
+    now = float(doc["generated"])
+    card = doc.get("card")
+    if card is None:
+        body = "<p>No card data yet.</p>"
+    else:
+        age = now - float(card["scanned_at"])
+        limit = doc.get("card_data_max_age_seconds")
+        old = limit is not None and age > float(limit)
+        body = (
+            f'<p class="scan{" old" if old else ""}" data-card-age="{age:.0f}">Card data '
+            f"scanned {_e(_when(float(card['scanned_at']), now))}"
+            + (
+                f" (older than the {float(limit or 0):g} s the arbiter weighs a swap on: it "
+                "scans again before one)"
+                if old
+                else ""
+            )
+            + "</p>"
+            + tenants_bar(
+                doc.get("tenants") or [],
+                doc.get("card_total_bytes"),
+                colours,
+                doc.get("since_scan") or [],
+                now,
+            )
+        )
+    return f'<section aria-labelledby="card-h"><h2 id="card-h">The card</h2>{body}</section>'
+
+
+def _arbiter_section(doc: dict[str, Any]) -> str:
     engine = doc["engine"]
     plan = doc.get("llm_plan") or {}
     hold = doc.get("hold")
     items = [
         (
-            "Mode",
-            f'<strong data-mode="{_e(doc["mode"])}">{_e(doc["mode"])}</strong> since '
-            f"{_e(_utc(doc['since']))} ({_ago(now - doc['since'])})",
-        ),
-        (
             "Phase",
             f'<span data-phase="{_e(doc["phase"])}">{_e(doc["phase"])}</span> since '
             f"{_e(_utc(doc['phase_since']))}",
-        ),
-        (
-            "Queue",
-            f'<span data-queue="{int(doc["queue_length"])}">{int(doc["queue_length"])}'
-            "</span> job(s) queued or running"
-            + ("; a job is running" if doc.get("job_running") else ""),
         ),
         (
             "Engine",
@@ -331,7 +473,10 @@ def _now_section(doc: dict[str, Any]) -> str:
             f"{_ago(float(engine.get('heartbeat_age_seconds') or 0))} ago",
         ),
         ("vLLM plan", _plan_text(plan)),
-        ("Hold", "none" if not hold else f"{_e(hold['holder'])} until {_e(_utc(hold['until']))}"),
+        (
+            "Swap hold",
+            "none" if not hold else f"{_e(hold['holder'])} until {_e(_utc(hold['until']))}",
+        ),
         (
             "Decision",
             ("go" if doc["decision"]["go"] else "wait")
@@ -341,7 +486,8 @@ def _now_section(doc: dict[str, Any]) -> str:
     ]
     rows = "".join(f'<tr><th scope="row">{k}</th><td>{v}</td></tr>' for k, v in items)
     return (
-        f'<section aria-labelledby="now-h"><h2 id="now-h">Now</h2><table>{rows}</table></section>'
+        '<section aria-labelledby="arbiter-h"><h2 id="arbiter-h">The arbiter</h2>'
+        f"<table>{rows}</table></section>"
     )
 
 
@@ -358,48 +504,91 @@ def _plan_text(plan: dict[str, Any]) -> str:
 
 def _alerts_section(doc: dict[str, Any]) -> str:
     alerts = doc.get("alerts") or []
-    body = (
-        "<ul>"
-        + "".join(
-            f'<li data-alert="{_e(a["name"])}"><strong>{_e(a["name"])}</strong>: '
-            f"{_e(a['message'])}</li>"
-            for a in alerts
-        )
-        + "</ul>"
-        if alerts
-        else '<p data-alerts="0">No alerts.</p>'
-    )
+    items = []
+    for a in alerts:
+        name, message = _e(a["name"]), str(a["message"])
+        if len(message) <= ALERT_SHORT:
+            items.append(f'<li data-alert="{name}"><strong>{name}</strong>: {_e(message)}</li>')
+        else:  # a long one folds (a phone shows every alert's name on the first screen)
+            short = message[: ALERT_SHORT - 20].rsplit(" ", 1)[0]
+            items.append(
+                f'<li data-alert="{name}"><details id="alert-{name}"><summary><strong>{name}'
+                f"</strong>: {_e(short)} …</summary><p>{_e(message)}</p></details></li>"
+            )
+    body = f"<ul>{''.join(items)}</ul>" if alerts else "<p>No alerts.</p>"
     return (
-        f'<section aria-labelledby="alerts-h" class="{"alerting" if alerts else ""}">'
-        f'<h2 id="alerts-h">Alerts ({len(alerts)})</h2>{body}</section>'
+        f'<section id="alerts" aria-labelledby="alerts-h" data-alerts="{len(alerts)}"'
+        + (' class="alerting"' if alerts else "")
+        + ">"
+        + f'<h2 id="alerts-h">Alerts ({len(alerts)})</h2>{body}</section>'
     )
+
+
+def _phases_text(swap: dict[str, Any]) -> list[str]:
+    return [
+        f"{p['phase']} {p['seconds']:.1f} s"
+        + ("" if p["outcome"] == "ok" else f" ({p['outcome']})")
+        for p in swap["phases"]
+    ]
+
+
+def _outcome(swap: dict[str, Any]) -> str:
+    return "running" if swap.get("ok") is None else ("ok" if swap["ok"] else "failed")
 
 
 def _swaps_section(doc: dict[str, Any]) -> str:
-    rows = []
-    for swap in doc.get("swaps") or []:
-        phases = "<br>".join(
-            _e(f"{p['phase']} {p['seconds']:.1f} s")
-            + ("" if p["outcome"] == "ok" else _e(f" ({p['outcome']})"))
-            for p in swap["phases"]
+    """The last swap and its phases, today's count and median; the full table folded."""
+    swaps = doc.get("swaps") or []
+    now = float(doc["generated"])
+    if not swaps:
+        return (
+            '<section aria-labelledby="swaps-h"><h2 id="swaps-h">Swaps</h2>'
+            "<p>No swap yet.</p></section>"
         )
+    last = swaps[0]
+    total = last.get("total_seconds")
+    took = f", took {total:.1f} s" if total is not None else ""
+    phases = "".join(f"<li>{_e(p)}</li>" for p in _phases_text(last)) or "<li>none yet</li>"
+    summary = (
+        f'<p data-last-swap="{int(last["id"])}">The last: <strong>{_e(last["direction"])}'
+        f"</strong>, {_outcome(last)}, started {_e(_when(float(last['started']), now))}{took}."
+        f'</p><ol class="phases" aria-label="Its phases">{phases}</ol>'
+    )
+    today = doc.get("swaps_today") or {}
+    times = [float(t) for t in today.get("took_seconds") or []]
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    n = int((doc.get("daily") or {}).get(day, {}).get("swaps", len(times)))
+    median = statistics.median(times) if times else None
+    summary += (
+        f'<p data-swaps-today="{n}" data-swaps-median="'
+        f'{"" if median is None else f"{median:.1f}"}">'
+        + (
+            "No swap today (UTC)."
+            if not n
+            else f"{n} swap{'s' if n != 1 else ''} today (UTC)"
+            + (f", median took {median:.1f} s." if median is not None else ", none finished yet.")
+        )
+        + "</p>"
+    )
+    rows = []
+    for swap in swaps:
         total = swap.get("total_seconds")
-        outcome = "running" if swap.get("ok") is None else ("ok" if swap["ok"] else "failed")
         rows.append(
             f'<tr data-swap="{int(swap["id"])}"><td>{_e(_utc(swap["started"], "%m-%d %H:%M:%S"))}'
-            f"</td><td>{_e(swap['direction'])}</td><td>{outcome}</td>"
+            f"</td><td>{_e(swap['direction'])}</td><td>{_outcome(swap)}</td>"
             f'<td class="num">{"" if total is None else f"{total:.1f} s"}</td>'
-            f"<td>{phases}</td></tr>"
+            f"<td>{'<br>'.join(_e(p) for p in _phases_text(swap))}</td></tr>"
         )
-    body = (
-        '<div class="scroll"><table><thead><tr><th scope="col">Started</th>'
-        '<th scope="col">Direction</th>'
-        '<th scope="col">Outcome</th><th scope="col" class="num">Took</th>'
-        f'<th scope="col">Phases</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
-        if rows
-        else "<p>No swap yet.</p>"
+    table = (
+        f'<details id="swaps-all"><summary>The last {len(swaps)} swaps, each phase</summary>'
+        '<div class="scroll"><table><thead><tr><th scope="col">Started (UTC)</th>'
+        '<th scope="col">Direction</th><th scope="col">Outcome</th>'
+        '<th scope="col" class="num">Took</th><th scope="col">Phases</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div></details>"
     )
-    return f'<section aria-labelledby="swaps-h"><h2 id="swaps-h">Last swaps</h2>{body}</section>'
+    return (
+        f'<section aria-labelledby="swaps-h"><h2 id="swaps-h">Swaps</h2>{summary}{table}</section>'
+    )
 
 
 def _history_section(doc: dict[str, Any], colours: dict[str, str]) -> str:
@@ -485,20 +674,16 @@ def render_main(doc: dict[str, Any]) -> str:
     names = {t["name"] for t in doc.get("tenants") or []}
     for span in ("day", "month"):
         names |= set((history.get(span) or {}).get("vram_bytes", {}))
+    names |= {c["name"] for c in doc.get("since_scan") or []}
     colours = _colours(sorted(names))  # one colour per client across the bar and the charts
     return (
+        '<div class="first">'
+        '<section class="now" aria-labelledby="now-h"><h2 id="now-h">Now</h2>'
         f'<p id="generated" data-generated="{doc["generated"]}">As of '
-        f"{_e(_utc(doc['generated']))}.</p>"
-        + _alerts_section(doc)
-        + _now_section(doc)
-        + '<section aria-labelledby="card-h"><h2 id="card-h">The card</h2>'
-        + (
-            tenants_bar(doc.get("tenants") or [], doc.get("card_total_bytes"), colours)
-            if doc.get("card") is not None
-            else "<p>No card data yet.</p>"
-        )
-        + "</section>"
+        f"{_e(_utc(doc['generated']))}.</p>{_facts(doc)}</section>"
+        f"{_card_section(doc, colours)}{_alerts_section(doc)}</div>"
         + _swaps_section(doc)
+        + _arbiter_section(doc)
         + _history_section(doc, colours)
     )
 

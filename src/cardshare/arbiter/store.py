@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS transitions (
     reason TEXT NOT NULL,
     swap_id INTEGER
 );
+-- the status page asks when a move (a start, a stop) was last made
+CREATE INDEX IF NOT EXISTS transitions_move ON transitions (from_phase, to_phase, at);
 CREATE TABLE IF NOT EXISTS swaps (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     direction TEXT NOT NULL,
@@ -328,6 +330,30 @@ class Store:
                 )
             )
         return out
+
+    def last_move(self, moves: Iterable[tuple[Phase, Phase]]) -> float | None:
+        """When the latest of these transitions (from, to) was made; None: never."""
+        times = [
+            row[0]
+            for frm, to in moves
+            for row in self.conn.execute(
+                "SELECT MAX(at) FROM transitions WHERE from_phase = ? AND to_phase = ?",
+                (frm.value, to.value),
+            )
+            if row[0] is not None
+        ]
+        return max(times, default=None)
+
+    def swap_times(self, since: float) -> list[float]:
+        """How long each swap started at or after ``since`` and finished took, in seconds."""
+        return [
+            float(row[0])
+            for row in self.conn.execute(
+                "SELECT finished - started FROM swaps WHERE started >= ? AND finished IS NOT NULL"
+                " ORDER BY id",
+                (since,),
+            )
+        ]
 
     def swap_counts(self) -> dict[str, int]:
         rows = self.conn.execute(

@@ -6,6 +6,7 @@ the lab's site scenario checks the page against a real recorder's history in Chr
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -21,6 +22,7 @@ from arbiter_fakes import WORKFLOW, FakeClock, World, make_engine, run_until
 from cardshare.arbiter.api import PAGE_HEADERS, build_app
 from cardshare.arbiter.cardview import CardClient
 from cardshare.arbiter.history import DAY_STEP, HistoryView
+from cardshare.arbiter.states import Phase
 from cardshare.arbiter.statuspage import render_page
 
 TOKEN = "s3cret-token-for-tests"
@@ -380,7 +382,7 @@ def test_the_page_escapes_names_and_draws_a_lone_point(tmp_path: Path) -> None:
         "hold": None,
         "decision": {"go": False, "reasons": [hostile]},
         "swaps": [],
-        "card": {"clients": []},
+        "card": {"scanned_at": NOW - 30, "age_seconds": 30.0, "clients": []},
         "card_total_bytes": None,
         "llm_plan": {"service": "vllm", "max_model_len": 65536, "degraded": False},
         "tenants": [{"name": hostile, "kind": "foreign", "vram_bytes": GIB}],
@@ -483,3 +485,322 @@ def test_bad_status_page_settings_are_refused_by_name(
         parse_config({**base, **raw})
     key = next(iter(raw))
     assert key in str(err.value) and repr(raw[key]) in str(err.value) and fix in str(err.value)
+
+
+# --- the first screen: who is on the card now, how old that is; the swaps folded --------------
+
+
+def page_doc(**over: Any) -> dict[str, Any]:
+    """An overview as StatusData.overview writes it (the keys the page reads)."""
+    doc: dict[str, Any] = {
+        "generated": NOW,
+        "mode": "llm",
+        "since": NOW - 40,
+        "phase": "serve_llm",
+        "phase_since": NOW - 40,
+        "queue_length": 0,
+        "job_running": False,
+        "engine": {"healthy": True, "health": "ok", "heartbeat_age_seconds": 1.0},
+        "hold": None,
+        "decision": {"go": False, "reasons": ["no image job queued"]},
+        "swaps": [],
+        "card": {"scanned_at": NOW - 90, "age_seconds": 90.0, "clients": []},
+        "card_total_bytes": 32 * GIB,
+        "card_data_max_age_seconds": 120.0,
+        "since_scan": [],
+        "proxy": {"at": NOW - 1, "held": 0, "in_flight": 0, "oldest_held_seconds": None},
+        "swaps_today": {"since": NOW - NOW % 86400, "took_seconds": []},
+        "llm_plan": {"service": "vllm", "max_model_len": 65536, "degraded": False},
+        "tenants": [{"name": "retrieval/ovms", "kind": "resident", "vram_bytes": 2 * GIB}],
+        "alerts": [],
+        "history": None,
+        "daily": {},
+    }
+    doc.update(over)
+    return doc
+
+
+def tenant_items(text: str) -> dict[str, str]:
+    """The card's tenant list as text, by data-tenant."""
+
+    class Items(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.items: dict[str, str] = {}
+            self.current: str | None = None
+            self.depth = 0
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "li" and dict(attrs).get("data-tenant"):
+                self.current = dict(attrs)["data-tenant"]
+                self.items[self.current or ""] = ""
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag == "li":
+                self.current = None
+
+        def handle_data(self, data: str) -> None:
+            if self.current is not None:
+                self.items[self.current] += data
+
+    parser = Items()
+    parser.feed(text)
+    return {k: " ".join(v.split()) for k, v in parser.items.items()}
+
+
+def test_vllm_started_after_the_scan_is_shown_starting_not_as_free_memory() -> None:
+    """The issue's case: back in llm, the last scan was taken before vLLM started (it shows
+    the retrieval tier only, and a vLLM of before the swap is stale)."""
+    plan = int(14.2 * GIB)
+    doc = page_doc(
+        tenants=[
+            {"name": "retrieval/ovms", "kind": "resident", "vram_bytes": 2 * GIB},
+            {"name": "vllm/vllm", "kind": "owner", "vram_bytes": 10 * GIB},
+        ],
+        since_scan=[
+            {
+                "role": "llm",
+                "name": "vllm/vllm",
+                "names": ["vllm/vllm"],
+                "event": "started",
+                "at": NOW - 12,
+                "plan_bytes": plan,
+            }
+        ],
+    )
+    text = render_page(doc, "cardshare: box")
+    balanced(text)
+    items = tenant_items(text)
+    assert items["vllm/vllm"] == (
+        "vllm/vllm owner started 12 s ago, not yet measured (plan 14.2 GiB)"
+    ), items
+    assert items["free"] == f"free {(32 * GIB - 2 * GIB - plan) / GIB:.1f} GiB", items
+    assert items["retrieval/ovms"] == "retrieval/ovms resident 2.0 GiB"
+    # the bar: the plan's share, striped (not measured), and never the stale 10 GiB
+    assert text.count('rect data-tenant="vllm/vllm"') == 1
+    assert 'fill="url(#stripe-0)"' in text and "10.0 GiB" not in text
+    # the card data's age beside the bar
+    assert 'data-card-age="90"' in text and "scanned 11:58:30 UTC, 90 s ago" in text
+    assert text.index("data-card-age") < text.index('data-chart="tenants"')
+
+
+def test_without_the_plans_size_the_free_memory_is_said_to_be_the_scans() -> None:
+    change = {"role": "image", "name": "comfyui/comfyui", "names": ["comfyui/comfyui"]}
+    doc = page_doc(
+        mode="image",
+        since_scan=[{**change, "event": "started", "at": NOW - 5, "plan_bytes": None}],
+    )
+    items = tenant_items(render_page(doc, "t"))
+    assert items["comfyui/comfyui"] == "comfyui/comfyui owner started 5 s ago, not yet measured"
+    assert items["free"] == "free at the scan 30.0 GiB"
+
+
+def test_an_owner_stopped_after_the_scan_is_marked_as_leaving() -> None:
+    doc = page_doc(
+        mode="swapping",
+        phase="wait_image_release",
+        tenants=[{"name": "comfyui/comfyui", "kind": "owner", "vram_bytes": 12 * GIB}],
+        since_scan=[
+            {
+                "role": "image",
+                "name": "comfyui/comfyui",
+                "names": ["comfyui/comfyui"],
+                "event": "stopped",
+                "at": NOW - 3,
+                "plan_bytes": None,
+            }
+        ],
+    )
+    text = render_page(doc, "t")
+    items = tenant_items(text)
+    assert items["comfyui/comfyui"] == (
+        "comfyui/comfyui owner 12.0 GiB stopped 3 s ago, after this scan"
+    )
+    assert "now wait_image_release" in text  # a swap names its phase beside the mode
+
+
+def test_old_card_data_is_flagged_and_nothing_measured_is_marked_without_changes() -> None:
+    text = render_page(page_doc(card={"scanned_at": NOW - 600, "clients": []}), "t")
+    assert 'class="scan old" data-card-age="600"' in text and "10 min ago" in text
+    assert "(older than the 120 s the arbiter weighs a swap on: it scans again before one)" in text
+    assert "stripe" not in text and "not yet measured" not in text
+
+
+def swap(sid: int, started: float, took: float | None, direction: str) -> dict[str, Any]:
+    phases = (
+        ["stop_image", "wait_image_release", "start_llm", "wait_llm_ready"]
+        if direction == "to_llm"
+        else ["stop_llm", "wait_llm_release", "start_image", "wait_image_ready"]
+    )
+    return {
+        "id": sid,
+        "direction": direction,
+        "started": started,
+        "finished": None if took is None else started + took,
+        "ok": None if took is None else True,
+        "total_seconds": took,
+        "phases": [
+            {"phase": p, "seconds": (took or 4.0) / 4, "waited_seconds": 0.0, "outcome": "ok"}
+            for p in phases
+        ],
+    }
+
+
+def test_the_swaps_fold_into_the_last_one_and_todays_count_and_median() -> None:
+    today = time.strftime("%Y-%m-%d", time.gmtime(NOW))
+    swaps = [
+        swap(7, NOW - 300, 41.2, "to_llm"),
+        swap(6, NOW - 900, 20.0, "to_image"),
+        swap(5, NOW - 4000, 90.0, "to_llm"),
+        swap(4, NOW - 90000, 10.0, "to_image"),  # yesterday: listed, not in today's numbers
+    ]
+    doc = page_doc(
+        swaps=swaps,
+        swaps_today={"since": NOW - NOW % 86400, "took_seconds": [90.0, 20.0, 41.2]},
+        daily={today: {"swaps": 3}},
+    )
+    text = render_page(doc, "t")
+    balanced(text)
+    assert 'data-swaps-today="3" data-swaps-median="41.2"' in text
+    assert "3 swaps today (UTC), median took 41.2 s." in text
+    assert (
+        '<p data-last-swap="7">The last: <strong>to_llm</strong>, ok, started '
+        "11:55:00 UTC, 5 min ago, took 41.2 s.</p>"
+    ) in text
+    assert '<ol class="phases" aria-label="Its phases"><li>stop_image 10.3 s</li>' in text
+    # the full table only inside the fold, after the summary
+    fold = text.index('<details id="swaps-all">')
+    assert text.index("data-swaps-today") < fold
+    assert all(text.index(f'data-swap="{s["id"]}"') > fold for s in swaps)
+    assert "<summary>The last 4 swaps, each phase</summary>" in text
+
+
+def test_a_running_swap_and_a_day_without_a_finished_one() -> None:
+    today = time.strftime("%Y-%m-%d", time.gmtime(NOW))
+    doc = page_doc(swaps=[swap(1, NOW - 20, None, "to_image")], daily={today: {"swaps": 1}})
+    text = render_page(doc, "t")
+    assert "1 swap today (UTC), none finished yet." in text
+    assert '<p data-last-swap="1">The last: <strong>to_image</strong>, running,' in text
+    quiet = render_page(page_doc(), "t")
+    assert "No swap yet." in quiet and "swaps-all" not in quiet
+
+
+@pytest.mark.parametrize(
+    ("proxy", "shown"),
+    [
+        (None, '<span data-held="none">no proxy configured</span>'),
+        ({"held": 3, "oldest_held_seconds": 14.0}, '<span data-held="3">3, the oldest for 14 s'),
+        ({"held": None, "error": "GET /proxy/state answered 500"}, 'data-held="unknown">unknown'),
+    ],
+)
+def test_held_requests_and_the_queue_are_on_the_first_screen(
+    proxy: dict[str, Any] | None, shown: str
+) -> None:
+    text = render_page(page_doc(proxy=proxy, queue_length=2, job_running=True), "t")
+    assert shown in text
+    assert '<span data-queue="2">2</span>, one running' in text
+    first = text[text.index('<div class="first">') : text.index('aria-labelledby="swaps-h"')]
+    for mark in ("data-mode=", "data-held=", "data-queue=", 'data-chart="tenants"', "data-alerts"):
+        assert mark in first, mark
+
+
+async def test_the_overview_marks_vllm_started_after_the_last_scan(tmp_path: Path) -> None:
+    """A swap back to llm through the engine: the last scan (the arbiter's own, while it
+    waited for ComfyUI's memory to leave) is older than vLLM's start; a new scan clears it."""
+    world = World(clock=FakeClock(NOW))
+    world.others = [CardClient("retrieval/ovms", 2 * GIB, ())]
+    world.card_total = 32 * GIB
+    engine = make_engine(
+        tmp_path, world, idle_seconds=1.0, resident_client_names=("retrieval/ovms",)
+    )
+    engine.card.recorder_every = None  # type: ignore[attr-defined]  # no recorder timer
+    engine.store.add_job("j1", WORKFLOW, (), NOW)
+    await run_until(
+        engine,
+        lambda e: (
+            e.store.swaps(1)
+            and e.store.swaps(1)[0].direction == "to_llm"
+            and e.store.swaps(1)[0].finished
+        ),
+    )
+    world.proxy = {"in_flight": 1, "held": 2, "oldest_held_seconds": 3.5}
+    await engine.step()  # serving: the idle status read of the card finds the old scan
+    http = TestClient(TestServer(build_app(engine, TOKEN)))
+    await http.start_server()
+    try:
+        overview = await (await http.get("/v1/overview")).json()
+        scanned = overview["card"]["scanned_at"]
+        started = engine.store.last_move([(Phase.START_LLM, Phase.WAIT_LLM_READY)])
+        assert started is not None and started > scanned
+        assert overview["since_scan"] == [
+            {
+                "role": "llm",
+                "name": "vllm/vllm",
+                "names": ["vllm/vllm"],
+                "event": "started",
+                "at": started,
+                "plan_bytes": None,
+            }
+        ]
+        assert "vllm/vllm" not in {t["name"] for t in overview["tenants"]}
+        assert overview["proxy"]["held"] == 2
+        assert overview["swaps_today"]["took_seconds"] == [
+            s.total_seconds for s in reversed(engine.store.swaps(10))
+        ]
+        text = await (await http.get("/")).text()
+        assert "started" in tenant_items(text)["vllm/vllm"]
+        assert tenant_items(text)["free"].startswith("free at the scan")
+        # a scan after the start measures vLLM: no mark any more
+        await engine.watch.read(NOW + 10**6)
+        overview = await (await http.get("/v1/overview")).json()
+        assert overview["since_scan"] == []
+        assert "vllm/vllm" in {t["name"] for t in overview["tenants"]}
+    finally:
+        await http.close()
+
+
+class _HangingProxy:
+    async def state(self) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_the_pages_look_at_the_proxy_is_bounded_and_garbage_is_named(
+    tmp_path: Path,
+) -> None:
+    world = World(clock=FakeClock(NOW))
+    engine = make_engine(tmp_path, world)
+    engine.proxy = _HangingProxy()
+    doc = await engine.proxy_doc(max_age=4.0, timeout=0.05)
+    assert doc is not None and doc["held"] is None
+    assert doc["error"] == "the proxy did not answer within 0.05 s"
+    world.clock.t += 5
+    engine.proxy = make_engine(tmp_path / "b", world).proxy
+    world.proxy = {"in_flight": 0, "held": "many"}
+    doc = await engine.proxy_doc(max_age=4.0, timeout=1.0)
+    assert doc is not None and doc["held"] is None and "held is 'many'" in doc["error"]
+    # within max_age the engine's own last look is used, not a new request
+    world.proxy = {"in_flight": 0, "held": 1}
+    again = await engine.proxy_doc(max_age=4.0, timeout=1.0)
+    assert again == doc
+
+
+def test_a_long_alert_folds_after_its_first_words_and_keeps_its_whole_message() -> None:
+    long = "vLLM not ready within 600 s (attempt 3; last: " + "x" * 300 + ")"
+    text = render_page(
+        page_doc(
+            alerts=[
+                {"name": "llm_not_ready", "message": long},
+                {"name": "docker", "message": "<b>"},
+            ]
+        ),
+        "t",
+    )
+    balanced(text)
+    assert (
+        '<li data-alert="llm_not_ready"><details id="alert-llm_not_ready"><summary><strong>'
+        "llm_not_ready</strong>: vLLM not ready within 600 s (attempt 3; last: …</summary>"
+        f"<p>{long}</p></details></li>"
+    ) in text
+    assert '<li data-alert="docker"><strong>docker</strong>: &lt;b&gt;</li>' in text
+    assert '<h2 id="alerts-h">Alerts (2)</h2>' in text

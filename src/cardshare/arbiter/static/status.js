@@ -6,11 +6,10 @@
   var live = document.getElementById("live");
   var main = document.querySelector("main");
 
+  // the folds a person opened stay open across a refresh (each <details> has an id)
   function openDetails() {
     var open = [];
-    main.querySelectorAll("figure[data-chart] details[open]").forEach(function (d) {
-      open.push(d.closest("figure").getAttribute("data-chart"));
-    });
+    main.querySelectorAll("details[id][open]").forEach(function (d) { open.push(d.id); });
     return open;
   }
 
@@ -24,8 +23,8 @@
         var open = openDetails();
         main.innerHTML = text;
         open.forEach(function (id) {
-          var details = main.querySelector('figure[data-chart="' + id + '"] details');
-          if (details) { details.open = true; }
+          var details = document.getElementById(id);
+          if (details && main.contains(details)) { details.open = true; }
         });
         live.textContent = "Updated " + new Date().toLocaleTimeString() + ".";
         live.classList.remove("stale");
