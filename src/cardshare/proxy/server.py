@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 from yarl import URL
 
 from cardshare import exposition, serverguard
-from cardshare.proxy import rules
+from cardshare.proxy import fleetpage, rules
 from cardshare.proxy.config import ProxyConfig
 from cardshare.proxy.fleet import BoxState, fleet_mode, known_model, pick, request_model
 from cardshare.proxy.holdqueue import HoldQueue
@@ -296,6 +296,7 @@ class Proxy:
         app.on_shutdown.append(self._on_shutdown)
         app.router.add_get("/proxy/health", self.handle_health)
         app.router.add_get("/proxy/state", self.handle_state)
+        app.router.add_get("/proxy/fleet", self.handle_fleet)
         app.router.add_get("/metrics", exposition.handler(self.registry))
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
@@ -399,6 +400,13 @@ class Proxy:
 
     async def handle_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.state())
+
+    async def handle_fleet(self, request: web.Request) -> web.Response:
+        state = self.state()
+        boxes = state.get("boxes") or [self._box_state(b) for b in self.boxes]
+        return web.Response(
+            text=fleetpage.render(state, boxes, self.wall()), content_type="text/html"
+        )
 
     def metric_families(self) -> list[Metric]:
         """What ``/metrics`` reports: the counters and the live state at scrape time."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 #: How long a box may take to leave or rejoin the rotation here: the poll timeout (1 s) and a
 #: poll period, with room for a loaded machine (a safety limit, not a timing assertion).
 ROTATION_LIMIT = 10.0
+ARTIFACTS = Path(
+    os.environ.get("CARDSHARE_ARTIFACTS", Path(__file__).parents[3] / ".cache/artifacts")
+)
 
 
 @dataclass
@@ -402,3 +406,64 @@ async def test_openai_client_through_two_boxes(make_fleet: FleetFactory) -> None
         assert fleet.seen("b") == 3
     finally:
         await client.close()
+
+
+async def test_fleet_view_says_which_box_serves(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet({"a": ["m1"], "b<x>": ["m2"]})
+    await fleet.set_mode("b<x>", "image")
+    held = asyncio.ensure_future(fleet.post("m2"))
+    await wait_for_state(fleet, lambda s: s["held"] == 1, "request held")
+    async with fleet.client.get(fleet.url + "/proxy/fleet") as resp:
+        assert resp.content_type == "text/html"
+        page = await resp.text()
+    assert "Serving: a. 1 held" in page
+    assert "<h2>b&lt;x&gt;</h2>" in page and "b<x>" not in page
+    assert '<span class="mode mode-image">image</span>' in page
+    # nothing from outside: no script, no stylesheet or image by URL
+    assert "<script" not in page and "src=" not in page and 'href="http' not in page
+    await fleet.set_mode("b<x>", "llm")
+    assert (await held)[0] == 200
+
+
+async def test_fleet_view_at_390_px(make_fleet: FleetFactory) -> None:
+    playwright_api = pytest.importorskip("playwright.async_api")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("Chromium is missing: tools/deps.sh installs Debian's chromium")
+    fleet = await make_fleet({"gpu-box-one": ["qwen3-8b"], "gpu-box-two": ["qwen3-8b"]})
+    await fleet.set_mode("gpu-box-two", "image")
+    async with playwright_api.async_playwright() as pw:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
+        browser = await pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            context = await browser.new_context(
+                viewport={"width": 390, "height": 844}, is_mobile=True
+            )
+            page = await context.new_page()
+            response = await page.goto(fleet.url + "/proxy/fleet")
+            assert response is not None and response.status == 200
+            seen = await page.evaluate(
+                """() => ({
+                  scrollWidth: document.documentElement.scrollWidth,
+                  innerWidth: window.innerWidth,
+                  innerHeight: window.innerHeight,
+                  boxes: [...document.querySelectorAll('ul.boxes > li')].map(li => {
+                    const r = li.getBoundingClientRect();
+                    return {left: r.left, right: r.right, bottom: r.bottom,
+                            text: li.innerText};
+                  }),
+                  summary: document.querySelector('p.summary').innerText,
+                })"""
+            )
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "proxy-fleet-phone.png"), full_page=True)
+        finally:
+            await browser.close()
+    assert seen["scrollWidth"] <= seen["innerWidth"], seen
+    assert seen["summary"].startswith("Serving: gpu-box-one. Nothing held.")
+    assert len(seen["boxes"]) == 2
+    for box in seen["boxes"]:
+        assert box["left"] >= 0 and box["right"] <= seen["innerWidth"], box
+    # both boxes, their modes, on a phone's first screen
+    assert seen["boxes"][1]["bottom"] <= seen["innerHeight"], seen
+    assert "image" in seen["boxes"][1]["text"] and "llm" in seen["boxes"][0]["text"]
