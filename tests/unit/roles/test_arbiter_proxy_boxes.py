@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from role_playbook import WRITE_OUTCOMES, run_cases
 
+from cardshare.proxy.config import build_config
+
 PLAYBOOK = (
     """\
 ---
@@ -179,7 +181,12 @@ def test_loopback_refusals_say_what_to_set(outcomes: dict[str, Any]) -> None:
 def test_a_single_box_has_no_boxes(outcomes: dict[str, Any]) -> None:
     outcome = outcomes["single"]
     assert "boxes" not in outcome["config"]
+    assert (outcome["config"]["upstream_url"], outcome["config"]["arbiter_url"]) == (
+        "http://127.0.0.1:8000",
+        "http://127.0.0.1:8090",
+    )
     assert outcome["volumes"] == ["./proxy.json:/etc/cardshare/proxy.json:ro"]
+    assert build_config(outcome["config"]).boxes == ()
 
 
 def test_listed_boxes_get_their_keys_by_directory(outcomes: dict[str, Any]) -> None:
@@ -206,6 +213,14 @@ def test_listed_boxes_get_their_keys_by_directory(outcomes: dict[str, Any]) -> N
         "./proxy.json:/etc/cardshare/proxy.json:ro",
         "/etc/cardshare/vllm:/run/secrets/cardshare-vllm-key:ro",
         "/etc/cardshare/box-keys:/run/secrets/cardshare-box-keys-0:ro",
+    ]
+    # with boxes, each names its URLs (the proxy refuses the single box's beside them); the
+    # proxy accepts what the role renders, a box's "" key file as no key
+    assert "upstream_url" not in outcome["config"] and "arbiter_url" not in outcome["config"]
+    boxes = build_config(outcome["config"]).boxes
+    assert [(b.name, b.api_key_file) for b in boxes] == [
+        ("b", "/run/secrets/cardshare-box-keys-0/b"),
+        ("c", ""),
     ]
 
 
@@ -239,5 +254,6 @@ def test_the_fleet_group_renders_each_host_as_its_box(outcomes: dict[str, Any]) 
         "/etc/cardshare/vllm:/run/secrets/cardshare-box-keys-0:ro",
         "/etc/cardshare/fleet-keys:/run/secrets/cardshare-box-keys-1:ro",
     ]
+    assert [b.weight for b in build_config(outcome["config"]).boxes] == [3, 1]
     # a box that is no proxy of a fleet renders none
     assert "boxes" not in outcomes["fleet-b"]["config"]
