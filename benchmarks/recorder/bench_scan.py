@@ -29,7 +29,9 @@ Unless ``--no-real-part``, a second part builds the same payload from real proce
 measures it on the real ``/proc``: ``--clients`` ordinary files stand in for DRM nodes, each
 opened once, ``dup()``-ed to ``--drm-fds`` descriptors and inherited by a group of forked
 processes (a program and its children).  Side by side: the baseline (the stand-ins' fdinfo
-read by path), the walk floor, an nvtop-like scanner (:func:`nvtop_like`: one ``stat`` per
+read by path), the walk floor, the walk alone (the walk floor without its reads: what every
+scanner that looks at each descriptor pays, the bound no ratio to the nvtop-like scanner
+goes below), an nvtop-like scanner (:func:`nvtop_like`: one ``stat`` per
 descriptor, kcmp only within a process, so one fdinfo read per open file per process), and
 ``scan_proc`` with the kcmp dedupe and without; the reads and reads saved.  The goal: the scan
 with the dedupe at most 1.0x the nvtop-like scanner, with fdinfo reads equal to the distinct
@@ -467,6 +469,7 @@ def real_part(
         runners: dict[str, Callable[[], object]] = {
             "base": lambda: baseline(paths),
             "floor": lambda: walk_floor("/", lambda target: target.startswith(prefix)),
+            "walk": lambda: walk_floor("/", lambda target: False),
             "nvtop": lambda: nvtop.append(nvtop_like(is_standin, kcmp)),
             "auto": lambda: scan("auto"),
             "off": lambda: scan("off"),
@@ -484,6 +487,11 @@ def real_part(
         print(
             f"  walk floor (real /proc of {scans['auto'].stats.processes} processes): "
             f"{medians['floor'] * 1e3:.1f} ms, {medians['floor'] / n:.2f}x the nvtop-like scanner"
+        )
+        print(
+            f"  the walk alone (listing, one readlink per descriptor, no fdinfo read): "
+            f"{medians['walk'] * 1e3:.1f} ms, {medians['walk'] / n:.2f}x the nvtop-like scanner "
+            f"(what both scanners pay; CPU {CPU['walk'] / CPU['nvtop']:.2f}x)"
         )
         print(
             f"  nvtop-like scanner: {n * 1e3:.1f} ms; fdinfo reads {nvtop[-1][0]} "
