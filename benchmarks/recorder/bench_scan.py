@@ -29,7 +29,9 @@ Unless ``--no-real-part``, a second part builds the same payload from real proce
 measures it on the real ``/proc``: ``--clients`` ordinary files stand in for DRM nodes, each
 opened once, ``dup()``-ed to ``--drm-fds`` descriptors and inherited by a group of forked
 processes (a program and its children).  Side by side: the baseline (the stand-ins' fdinfo
-read by path), the walk floor, an nvtop-like scanner (:func:`nvtop_like`: one ``stat`` per
+read by path), the walk floor, the walk alone (the walk floor without its reads: what every
+scanner that looks at each descriptor pays, the bound no ratio to the nvtop-like scanner
+goes below), an nvtop-like scanner (:func:`nvtop_like`: one ``stat`` per
 descriptor, kcmp only within a process, so one fdinfo read per open file per process), and
 ``scan_proc`` with the kcmp dedupe and without; the reads and reads saved.  The goal: the scan
 with the dedupe at most 1.0x the nvtop-like scanner, with fdinfo reads equal to the distinct
@@ -37,7 +39,9 @@ open files.  Two differences from a card, stated with the figures: an ordinary f
 is four lines the kernel prints cheaply, where an xe fdinfo takes runtime PM and forcewake
 (so every read the dedupe saves is worth more on a card than here); and it names no DRM
 client, so neither scanner does naming work there (the synthetic part measures that).
-``--only-real-part`` skips the synthetic tree.
+``--only-real-part`` skips the synthetic tree.  ``--old-src DIR`` (the ``src`` of another
+checkout, e.g. a ``git worktree`` of the previous commit) adds that checkout's ``scan_proc``
+with the dedupe to the real part, run side by side with this one's ("old" against "auto").
 
 Usage: ``python benchmarks/recorder/bench_scan.py [--rounds 7] [--dir DIR]`` (needs
 ``src`` on ``PYTHONPATH``; run as root to get a real character device, otherwise the DRM
@@ -326,6 +330,34 @@ def nvtop_like(is_drm: Callable[[os.stat_result], bool], order: FileOrder) -> tu
     return reads, len(clients)
 
 
+ScanProc = Callable[..., ProcScan]
+
+
+def load_scan_proc(src: str) -> ScanProc:
+    """``scan_proc`` of the package under ``src`` (another checkout), loaded beside this one.
+
+    Its modules are imported under their own names with ``src`` first on the path and then
+    taken out of ``sys.modules`` again, so this checkout's stay what the rest imports; the
+    function keeps its own module's globals.
+    """
+    mine = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] == "cardshare"}
+    for name in mine:
+        del sys.modules[name]
+    sys.path.insert(0, src)
+    try:
+        import cardshare.recorder.scan as other
+
+        if not other.__file__ or not other.__file__.startswith(os.path.abspath(src)):
+            raise SystemExit(f"--old-src {src}: cardshare was not loaded from there")
+        found: ScanProc = other.scan_proc
+    finally:
+        sys.path.remove(src)
+        for name in [n for n in sys.modules if n.split(".")[0] == "cardshare"]:
+            del sys.modules[name]
+        sys.modules.update(mine)
+    return found
+
+
 def timed(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """The median seconds of each runner, run side by side; the order rotates each round.
 
@@ -400,7 +432,13 @@ def fork_holders(
 
 
 def real_part(
-    processes: int, fds: int, drm_fds: int, clients: int, rounds: int, work: Path
+    processes: int,
+    fds: int,
+    drm_fds: int,
+    clients: int,
+    rounds: int,
+    work: Path,
+    old_scan: ScanProc | None = None,
 ) -> None:
     """The same payload as real processes on the real /proc (see the module docstring)."""
     t0 = time.perf_counter()
@@ -428,21 +466,32 @@ def real_part(
             f"stand-in file each, {clients} open files shared by forked groups); forked in "
             f"{time.perf_counter() - t0:.1f} s; rounds: {rounds}"
         )
-        medians = timed(
-            {
-                "base": lambda: baseline(paths),
-                "floor": lambda: walk_floor("/", lambda target: target.startswith(prefix)),
-                "nvtop": lambda: nvtop.append(nvtop_like(is_standin, kcmp)),
-                "auto": lambda: scan("auto"),
-                "off": lambda: scan("off"),
-            },
-            rounds,
-        )
+        runners: dict[str, Callable[[], object]] = {
+            "base": lambda: baseline(paths),
+            "floor": lambda: walk_floor("/", lambda target: target.startswith(prefix)),
+            "walk": lambda: walk_floor("/", lambda target: False),
+            "nvtop": lambda: nvtop.append(nvtop_like(is_standin, kcmp)),
+            "auto": lambda: scan("auto"),
+            "off": lambda: scan("off"),
+        }
+        if old_scan is not None:
+            old = old_scan
+
+            def scan_old() -> None:
+                scans["old"] = old("/", is_standin, compare="auto", every_holder=True)
+
+            runners["old"] = scan_old
+        medians = timed(runners, rounds)
         b, n = medians["base"], medians["nvtop"]
         print(f"  baseline (plain read of the {len(paths)} stand-in fdinfo): {b * 1e3:.1f} ms")
         print(
             f"  walk floor (real /proc of {scans['auto'].stats.processes} processes): "
             f"{medians['floor'] * 1e3:.1f} ms, {medians['floor'] / n:.2f}x the nvtop-like scanner"
+        )
+        print(
+            f"  the walk alone (listing, one readlink per descriptor, no fdinfo read): "
+            f"{medians['walk'] * 1e3:.1f} ms, {medians['walk'] / n:.2f}x the nvtop-like scanner "
+            f"(what both scanners pay; CPU {CPU['walk'] / CPU['nvtop']:.2f}x)"
         )
         print(
             f"  nvtop-like scanner: {n * 1e3:.1f} ms; fdinfo reads {nvtop[-1][0]} "
@@ -455,10 +504,23 @@ def real_part(
                 f"nvtop-like scanner (goal <= 1.0x with the dedupe); fdinfo reads "
                 f"{st.fdinfo_reads}, saved {st.fdinfo_reads_saved} (dedupe {scans[mode].dedupe!r})"
             )
+        if old_scan is not None:
+            st = scans["old"].stats
+            print(
+                f"  old scan (--old-src), kcmp dedupe: {medians['old'] * 1e3:.1f} ms, "
+                f"{medians['old'] / n:.2f}x the nvtop-like scanner; fdinfo reads "
+                f"{st.fdinfo_reads}, saved {st.fdinfo_reads_saved}"
+            )
         print(
             "  CPU time (median, this process): "
             + ", ".join(f"{name} {CPU[name] * 1e3:.1f} ms" for name in CPU)
             + f"; scan with the dedupe {CPU['auto'] / CPU['nvtop']:.2f}x the nvtop-like scanner"
+            + (
+                f", the old scan {CPU['old'] / CPU['nvtop']:.2f}x it"
+                f" (new/old {CPU['auto'] / CPU['old']:.2f}x)"
+                if old_scan is not None
+                else ""
+            )
         )
         print(f"  a stand-in read by path costs {b / len(paths) * 1e6:.1f} us here")
     finally:
@@ -477,7 +539,11 @@ def main() -> int:
     parser.add_argument("--dir", help="where to build the tree (default: a temp directory)")
     parser.add_argument("--no-real-part", action="store_true")
     parser.add_argument("--only-real-part", action="store_true")
+    parser.add_argument(
+        "--old-src", help="the src directory of another checkout: its scan beside this one's"
+    )
     args = parser.parse_args()
+    old_scan = load_scan_proc(args.old_src) if args.old_src else None
 
     work = Path(tempfile.mkdtemp(prefix="cardshare-bench-", dir=args.dir))
     try:
@@ -486,7 +552,9 @@ def main() -> int:
                 f"machine: {platform.platform()}, python {platform.python_version()}, "
                 f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}"
             )
-            real_part(args.processes, args.fds, args.drm_fds, args.clients, args.rounds, work)
+            real_part(
+                args.processes, args.fds, args.drm_fds, args.clients, args.rounds, work, old_scan
+            )
             return 0
         t0 = time.perf_counter()
         paths, is_drm, real = build_tree(
@@ -544,7 +612,9 @@ def main() -> int:
         print(f"peak memory of one scan (tracemalloc): {peak / 1024**2:.1f} MB")
         print(f"peak RSS of this process (ru_maxrss, includes building): {rss_kib / 1024:.1f} MB")
         if not args.no_real_part:
-            real_part(args.processes, args.fds, args.drm_fds, args.clients, args.rounds, work)
+            real_part(
+                args.processes, args.fds, args.drm_fds, args.clients, args.rounds, work, old_scan
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -18,11 +18,13 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from cardshare import exposition
+from cardshare.arbiter.cardview import CardView
 from cardshare.arbiter.common import ALERT_NAMES, Alert, is_storage_error
 from cardshare.arbiter.engine import Engine
 from cardshare.arbiter.history import HistoryView
 from cardshare.arbiter.jobs import check_input_name, decode_inputs, image_type, storable_text
 from cardshare.arbiter.metrics import families
+from cardshare.arbiter.plans import tenants
 from cardshare.arbiter.resume import SAVER_EXTENSIONS, save_nodes, unfindable_savers
 from cardshare.arbiter.statuspage import render_main, render_page
 from cardshare.arbiter.store import Job, JobState, SwapRecord, job_dir
@@ -396,6 +398,65 @@ def metric_families(engine: Engine) -> list[Metric]:
     )
 
 
+def card_groups(engine: Engine) -> list[dict[str, Any]]:
+    """The host's cards by job, for the page's bars: the LLM pool (ComfyUI's card marked),
+    the transcode card, then the other cards (an iGPU), each with its tenants by kind and its
+    size.  Empty when the arbiter sees one card only (the page draws that one bar as before)."""
+    view = engine.watch.last
+    config = engine.config
+    if view is None or not config.pool or (len(config.pool) == 1 and not view.elsewhere):
+        return []
+
+    def kinds(card: CardView) -> list[dict[str, Any]]:
+        return [
+            {"name": t.name, "kind": t.kind.value, "vram_bytes": t.vram_bytes}
+            for t in tenants(
+                card,
+                config.llm_names + config.image_names,
+                config.resident_client_names,
+                config.yielding_client_names,
+            )
+        ]
+
+    def doc(pdev: str, card: CardView, size: int | None) -> dict[str, Any]:
+        return {
+            "pdev": pdev,
+            "vram_total_bytes": size,
+            "image": pdev == config.image_pdev,
+            "tenants": kinds(card),
+        }
+
+    pool = [
+        doc(pdev, card, config.card_vram_bytes or card.vram_total_bytes)
+        for pdev, card in (view.per_card() if view.cards else ((config.pool[0], view),))
+        if pdev is not None
+    ]
+    size = len(pool)
+    groups: list[dict[str, Any]] = [
+        {
+            "job": "llm",
+            "heading": f"LLM pool (TP={size})" if size > 1 else "LLM card",
+            "cards": pool,
+        }
+    ]
+    elsewhere = {o.pdev: o for o in view.elsewhere}
+    transcode = elsewhere.pop(config.transcode_pdev or "", None)
+    for job, heading, cards in (
+        ("transcode", "Transcode card", [transcode] if transcode else []),
+        ("other", "Other cards" if len(elsewhere) > 1 else "Other card", elsewhere.values()),
+    ):
+        found = [
+            doc(
+                o.pdev, CardView(view.scanned_at, o.clients, o.vram_total_bytes), o.vram_total_bytes
+            )
+            for o in cards
+            if o is not None
+        ]
+        if found:
+            groups.append({"job": job, "heading": heading, "cards": found})
+    return groups
+
+
 # the page's held requests: the engine's last look at the proxy when at most this old, else
 # a look of the page's own, bounded (the page refreshes every 5 s)
 PROXY_MAX_AGE_SECONDS = 4.0
@@ -446,6 +507,8 @@ class StatusData:
             or (card.vram_total_bytes if card is not None else None),
             card_data_max_age_seconds=engine.config.card_data_max_age_seconds,
             since_scan=engine.since_scan(),
+            cards=card_groups(engine),
+            fleet_view_url=engine.config.fleet_view_url,
             proxy=await engine.proxy_doc(PROXY_MAX_AGE_SECONDS, PROXY_TIMEOUT_SECONDS),
             swaps_today={"since": today, "took_seconds": engine.store.swap_times(today)},
             history=history,

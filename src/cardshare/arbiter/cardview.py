@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +34,16 @@ class CardClient:
 
 
 @dataclass(frozen=True)
+class OtherCard:
+    """A card of the host that is not the arbiter's (a transcode card, an iGPU): shown on the
+    status page, never weighed in a decision."""
+
+    pdev: str
+    vram_total_bytes: int | None
+    clients: tuple[CardClient, ...]
+
+
+@dataclass(frozen=True)
 class CardView:
     scanned_at: float  # unix seconds
     clients: tuple[CardClient, ...]
@@ -42,6 +52,9 @@ class CardView:
     # a view over a pool of cards: each card's PCI address and size, in the pool's order
     # (its clients name their card); empty: one card, or every card of a one-GPU host
     cards: tuple[tuple[str, int | None], ...] = ()
+    # the host's other cards, in the card data's order, when the view is over named cards:
+    # for the page only, so not part of what makes two views equal
+    elsewhere: tuple[OtherCard, ...] = field(default=(), compare=False)
 
     def age(self, now: float) -> float:
         return now - self.scanned_at
@@ -130,8 +143,9 @@ def parse_card_view(doc: Any, pdev: str | Sequence[str] | None = None) -> CardVi
     With ``pdev`` (the card the arbiter trades), only that card's clients and size: on a host
     with another GPU (an iGPU driving the desktop, or a second card) their clients are not on
     this card.  With several (the LLM pool), the clients of each, by card, and each card's
-    size: the pool is one owner's, a transcode card or an iGPU beside it is not on it.
-    Without, the clients of every card (a host with one GPU).
+    size: the pool is one owner's, a transcode card or an iGPU beside it is not on it (they
+    are kept apart, in ``elsewhere``, for the status page).  Without, the clients of every
+    card (a host with one GPU).
     """
     if not isinstance(doc, dict):
         raise CardDataError(f"card data must be a JSON object, got {type(doc).__name__}")
@@ -139,6 +153,7 @@ def parse_card_view(doc: Any, pdev: str | Sequence[str] | None = None) -> CardVi
     raw_clients: list[tuple[Any, str | None]] = []
     total: int | None = None
     sizes: list[tuple[str, int | None]] = []
+    others: list[OtherCard] = []
     cards = doc.get("cards")
     if pool and isinstance(cards, dict):
         missing = [p for p in pool if p not in cards]
@@ -156,6 +171,11 @@ def parse_card_view(doc: Any, pdev: str | Sequence[str] | None = None) -> CardVi
             raw_clients.extend((c, tag) for c in found.get("clients") or [])
             sizes.append((name, _size(found)))
         total = next((size for _, size in sizes if size is not None), None)
+        for name, card in cards.items():
+            if name in pool or not isinstance(card, dict):
+                continue
+            found_clients = tuple(_client(c, None) for c in card.get("clients") or [])
+            others.append(OtherCard(str(name), _size(card), found_clients))
     else:
         card_docs = list(cards.values()) if isinstance(cards, dict) else cards
         if isinstance(card_docs, list):
@@ -171,6 +191,7 @@ def parse_card_view(doc: Any, pdev: str | Sequence[str] | None = None) -> CardVi
         clients=tuple(_client(c, tag) for c, tag in raw_clients),
         vram_total_bytes=total,
         cards=tuple(sizes) if len(pool) > 1 else (),
+        elsewhere=tuple(others),
     )
 
 

@@ -50,6 +50,9 @@ class Config:
     image_container: ContainerRef = ContainerRef("comfyui", "comfyui")
     docker_socket: str = "/var/run/docker.sock"
     proxy_url: str | None = None
+    # the fleet view the patient proxy serves (which box serves, each box's mode): the status
+    # page links to it; "": no link
+    fleet_view_url: str = ""
     card_scan_argv: tuple[str, ...] = ()
     card_data_max_age_seconds: float = 120.0
     # the card the arbiter trades (its PCI address, as drm-pdev and sysfs print it); None:
@@ -61,6 +64,9 @@ class Config:
     pool_pdevs: tuple[str, ...] = ()
     # the pool card ComfyUI runs on; None: the pool's first (see image_pdev)
     image_card_pdev: str | None = None
+    # the card that takes Plex's and the campaign's transcodes, by PCI address (not a pool
+    # card): the status page draws it after the pool; None: not named
+    transcode_pdev: str | None = None
     llm_client_names: tuple[str, ...] = ()
     image_client_names: tuple[str, ...] = ()
     # tenants that stay on the card through every swap (the retrieval tier): never a reason
@@ -230,6 +236,7 @@ _KNOWN = (
         "image_container",
         "docker_socket",
         "proxy_url",
+        "fleet_view_url",
         "card_scan_argv",
         "vllm_api_key_file",
         "llm_client_names",
@@ -251,6 +258,7 @@ _KNOWN = (
         "card_pdev",
         "pool_pdevs",
         "image_card_pdev",
+        "transcode_pdev",
         "transcode_client_names",
         "handback_on_waiting_agent",
         "listen_host",
@@ -382,7 +390,8 @@ def _yielding_tenants(raw: dict[str, Any]) -> tuple[YieldingTenant, ...]:
 
 
 def _pool(raw: dict[str, Any], card: str | None) -> dict[str, Any]:
-    """pool_pdevs and image_card_pdev, checked against each other and card_pdev."""
+    """pool_pdevs, image_card_pdev and transcode_pdev, checked against each other and
+    card_pdev."""
     out: dict[str, Any] = {}
     value = raw.get("pool_pdevs")
     pool: tuple[str, ...] = (card,) if card else ()
@@ -422,6 +431,23 @@ def _pool(raw: dict[str, Any], card: str | None) -> dict[str, Any]:
                 f"name one of the pool's cards {list(pool)}, or leave it out for the first",
             )
         out["image_card_pdev"] = image
+    transcode = raw.get("transcode_pdev")
+    if transcode is not None:
+        if not isinstance(transcode, str) or not _PDEV_RE.fullmatch(transcode):
+            raise _err(
+                "transcode_pdev",
+                transcode,
+                "set it to the transcode card's PCI address as sysfs prints it (such as "
+                "'0000:07:00.0'), or leave it out",
+            )
+        if transcode in pool:
+            raise _err(
+                "transcode_pdev",
+                transcode,
+                f"name a card outside the LLM pool {list(pool)} (a card takes one job), or "
+                "leave it out when transcodes share the pool's card",
+            )
+        out["transcode_pdev"] = transcode
     return out
 
 
@@ -512,6 +538,15 @@ def parse_config(raw: Any) -> Config:
             kwargs[key] = raw[key]
     if raw.get("proxy_url") is not None:
         kwargs["proxy_url"] = _url(raw, "proxy_url")
+    fleet = raw.get("fleet_view_url", "")
+    if fleet != "":
+        if not isinstance(fleet, str) or not fleet.startswith(("http://", "https://")):
+            raise _err(
+                "fleet_view_url",
+                fleet,
+                'set it to the fleet view\'s http:// or https:// URL, or "" for no link',
+            )
+        kwargs["fleet_view_url"] = fleet
     for key in ("docker_socket", "listen_host"):
         if key in raw:
             if not isinstance(raw[key], str) or not raw[key]:

@@ -138,9 +138,12 @@ def tenants_bar(
     palette: dict[str, str] | None = None,
     changes: list[dict[str, Any]] | None = None,
     now: float = 0.0,
+    key: str = "tenants",
+    pdev: str | None = None,
 ) -> str:
     """The card's memory as one bar, with its tenants listed beside it; ``changes`` are the
-    arbiter's starts and stops after the scan (``since_scan`` of the overview)."""
+    arbiter's starts and stops after the scan (``since_scan`` of the overview).  ``key``
+    makes the chart's ids unique on a page of several bars, ``pdev`` names the card."""
     entries = _bar_entries(tenants, changes or [], now)
     held = [t for t in entries if t.get("vram_bytes", 0) > 0]
     used = sum(int(t["vram_bytes"]) for t in held)
@@ -154,7 +157,7 @@ def tenants_bar(
         width = _W * int(t["vram_bytes"]) / size if size else 0.0
         fill = colours[t["name"]]
         if t["note"]:  # not what the scan measured: striped
-            pid = f"stripe-{len(defs)}"
+            pid = f"stripe-{len(defs)}" if key == "tenants" else f"{key}-stripe-{len(defs)}"
             defs.append(
                 f'<pattern id="{pid}" width="10" height="10" patternUnits="userSpaceOnUse" '
                 f'patternTransform="rotate(45)"><rect width="10" height="10" fill="#ffffff"/>'
@@ -213,11 +216,13 @@ def tenants_bar(
             f'<li data-tenant="free">{_swatch(FREE_COLOUR)} {free_word} '
             f'<span class="num">{gib(total - used)}</span></li>'
         )
+    which = "The card's memory" if pdev is None else f"Card {pdev}'s memory"
+    card_attr = "" if pdev is None else f' data-pdev="{_e(pdev)}"'
     return (
-        '<figure data-chart="tenants">'
-        f'<svg viewBox="0 0 {_W} {_BAR_H}" width="100%" role="img" aria-labelledby="tenants-t '
-        f'tenants-d" preserveAspectRatio="none"><title id="tenants-t">The card\'s memory by '
-        f'tenant</title><desc id="tenants-d">{_e(desc)}; card size {_e(size_text)}</desc>'
+        f'<figure data-chart="tenants"{card_attr}>'
+        f'<svg viewBox="0 0 {_W} {_BAR_H}" width="100%" role="img" aria-labelledby="{key}-t '
+        f'{key}-d" preserveAspectRatio="none"><title id="{key}-t">{_e(which)} by '
+        f'tenant</title><desc id="{key}-d">{_e(desc)}; card size {_e(size_text)}</desc>'
         f"{'<defs>' + ''.join(defs) + '</defs>' if defs else ''}{''.join(parts)}</svg>"
         f"<figcaption>{held_text} of {_e(size_text)}</figcaption>"
         '<ul class="tenants" aria-label="Tenants">'
@@ -422,13 +427,56 @@ def _facts(doc: dict[str, Any]) -> str:
         ("Held requests", f'<span data-held="{held}">{held_text}</span>'),
         ("Queued jobs", f'<span data-queue="{queue}">{queue}</span>{running}'),
     ]
+    if doc.get("fleet_view_url"):  # the boxes behind one proxy: the proxy's view of them
+        items.append(("Fleet", f'<a href="{_e(doc["fleet_view_url"])}" data-fleet>Fleet view</a>'))
     rows = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in items)
     return f'<dl class="facts" data-facts>{rows}</dl>'
+
+
+def _card_changes(changes: list[dict[str, Any]], card: dict[str, Any]) -> list[dict[str, Any]]:
+    """The starts and stops after the scan that touch one pool card: vLLM's on every one,
+    ComfyUI's on its own card."""
+    return [c for c in changes if c.get("role") == "llm" or card.get("image")]
+
+
+def _cards_bars(doc: dict[str, Any], groups: list[dict[str, Any]], colours: dict[str, str]) -> str:
+    """One bar per card, grouped by job: the LLM pool's cards together, then the transcode
+    card, then the others; what the arbiter started or stopped after the scan on the pool's."""
+    now = float(doc["generated"])
+    changes = doc.get("since_scan") or []
+    out = []
+    n = 0
+    for group in groups:
+        bars = []
+        for card in group["cards"]:
+            pdev = str(card["pdev"])
+            size = card.get("vram_total_bytes")
+            image = " (ComfyUI's card)" if card.get("image") and group["job"] == "llm" else ""
+            bars.append(
+                f'<h4 class="pdev">{_e(pdev)}{_e(image)}</h4>'
+                + tenants_bar(
+                    card.get("tenants") or [],
+                    size,
+                    colours,
+                    _card_changes(changes, card) if group["job"] == "llm" else [],
+                    now,
+                    key=f"card{n}",
+                    pdev=pdev,
+                )
+            )
+            n += 1
+        job = _e(group["job"])
+        out.append(
+            f'<div class="job" data-job="{job}"><h3 id="job-{job}-h">{_e(group["heading"])}'
+            f"</h3>{''.join(bars)}</div>"
+        )
+    return "".join(out)
 
 
 def _card_section(doc: dict[str, Any], colours: dict[str, str]) -> str:
     now = float(doc["generated"])
     card = doc.get("card")
+    groups = doc.get("cards") or []
     if card is None:
         body = "<p>No card data yet.</p>"
     else:
@@ -445,15 +493,20 @@ def _card_section(doc: dict[str, Any], colours: dict[str, str]) -> str:
                 else ""
             )
             + "</p>"
-            + tenants_bar(
-                doc.get("tenants") or [],
-                doc.get("card_total_bytes"),
-                colours,
-                doc.get("since_scan") or [],
-                now,
+            + (
+                _cards_bars(doc, groups, colours)
+                if groups
+                else tenants_bar(
+                    doc.get("tenants") or [],
+                    doc.get("card_total_bytes"),
+                    colours,
+                    doc.get("since_scan") or [],
+                    now,
+                )
             )
         )
-    return f'<section aria-labelledby="card-h"><h2 id="card-h">The card</h2>{body}</section>'
+    title = "The cards" if groups else "The card"
+    return f'<section aria-labelledby="card-h"><h2 id="card-h">{title}</h2>{body}</section>'
 
 
 def _arbiter_section(doc: dict[str, Any]) -> str:
@@ -672,6 +725,7 @@ def render_main(doc: dict[str, Any]) -> str:
     """The live part of the page (what ``/status/main`` returns)."""
     history = doc.get("history") or {}
     names = {t["name"] for t in doc.get("tenants") or []}
+    names |= {t["name"] for g in doc.get("cards") or [] for c in g["cards"] for t in c["tenants"]}
     for span in ("day", "month"):
         names |= set((history.get(span) or {}).get("vram_bytes", {}))
     names |= {c["name"] for c in doc.get("since_scan") or []}

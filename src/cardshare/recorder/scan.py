@@ -128,6 +128,9 @@ class _Scanner(DescriptorWalk):
         # of the next (a forked child, often the next pid), is compared with it first
         self.hint: _Rep | None = None
         self.parsed: dict[bytes, tuple[ClientKey, FdInfo] | tuple[None, None]] = {}
+        # every client parsed in this scan: one whose reads were dropped with a holder that
+        # vanished is still known to the next holder of its open file (process_drm)
+        self.infos: dict[ClientKey, FdInfo] = {}
         self.reps: list[_Rep] = []  # sorted by ``order``
         # the last fdinfo text the process being read gave, and its outcome (read_fdinfo)
         self.last_text: tuple[bytes, ClientKey | None] | None = None
@@ -158,7 +161,7 @@ class _Scanner(DescriptorWalk):
         else:
             known = self.parsed.get(data)
             if known is None:
-                known = self.parse(data, pending)
+                known = self.parse(data)
             key, info = known
             if (
                 key is not None
@@ -172,17 +175,13 @@ class _Scanner(DescriptorWalk):
             self.stats.not_clients += 1
         return key
 
-    def parse(
-        self, data: bytes, pending: dict[ClientKey, FdInfo]
-    ) -> tuple[ClientKey, FdInfo] | tuple[None, None]:
+    def parse(self, data: bytes) -> tuple[ClientKey, FdInfo] | tuple[None, None]:
         """What a fdinfo text not seen in this scan says: ``(key, parsed)`` of a DRM client,
         ``(None, None)`` for a DRM file that is not one.  A text of a client already known
         (another descriptor's text differs only in ``pos`` or ``flags``) is not parsed."""
         quick = _quick_key(data)
         if quick is not None:
-            found = pending.get(quick)
-            if found is None and quick in self.result.clients:
-                found = self.result.clients[quick].fdinfo
+            found = self.infos.get(quick)
             if found is not None:
                 return quick, found
         info = parse_fdinfo(data.decode("utf-8", "replace"))
@@ -192,6 +191,7 @@ class _Scanner(DescriptorWalk):
             return None, None
         key = (info.pdev or UNKNOWN_PDEV, info.client_id)
         self.parsed[data] = (key, info)
+        self.infos[key] = info
         return key, info
 
     # --- open files already read -----------------------------------------------------------
@@ -486,6 +486,12 @@ class _Scanner(DescriptorWalk):
                 if self.holder is not None:
                     self.holder.drop_pidfd()
         keys = [o for o in outcomes if isinstance(o, tuple)]
+        clients = self.result.clients
+        for key in keys:
+            if key not in clients and key not in pending:
+                # read before, with a holder that vanished while its record was read (its
+                # reads dropped): this process names it now
+                pending[key] = self.infos[key]
         info: ProcessInfo | None = None
         dropped = False
         if pending or (every_holder and keys):
@@ -508,7 +514,6 @@ class _Scanner(DescriptorWalk):
             mine_ids = {id(rep) for rep in mine if not rep.held}
             self.reps = [rep for rep in self.reps if id(rep) not in mine_ids]
             return
-        clients = self.result.clients
         for key in keys:
             client = clients.get(key)
             if client is None:

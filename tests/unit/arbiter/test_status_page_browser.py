@@ -165,3 +165,96 @@ async def test_the_first_screen_answers_without_scrolling(tmp_path: Path, viewpo
     # vLLM came back after the last scan: shown as started, not as free memory
     assert seen["pending"] == ["vllm/vllm owner started 12 s ago, not yet measured (plan 14.2 GiB)"]
     assert seen["held"] == "2"
+
+
+# --- a host of several cards: one bar per card, grouped by job ---------------------------------
+
+
+def measure_bars(page: Any) -> Any:
+    return page.evaluate(
+        """() => {
+          const box = (e) => { const r = e.getBoundingClientRect();
+            return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
+                    width: r.width, height: r.height}; };
+          return {
+            bars: [...document.querySelectorAll('figure[data-chart=tenants]')].map(f => ({
+              pdev: f.dataset.pdev, job: f.closest('[data-job]')?.dataset.job,
+              svg: box(f.querySelector('svg')), list: box(f.querySelector('ul.tenants')),
+              tenants: [...f.querySelectorAll('rect[data-tenant]')].map(r => r.dataset.tenant),
+            })),
+            headings: [...document.querySelectorAll('[data-job] > h3')].map(
+              h => [h.textContent, box(h).top]),
+            scrollWidth: document.documentElement.scrollWidth,
+            innerWidth: window.innerWidth, innerHeight: window.innerHeight,
+          };
+        }"""
+    )
+
+
+@pytest.mark.parametrize("viewport", sorted(VIEWPORTS))
+async def test_a_pool_host_draws_a_bar_per_card(tmp_path: Path, viewport: str) -> None:
+    """The write-up's second machine (two B70s as the pool, the A380, the iGPU) in the
+    recorder's current.json layout: the pool's bars first, together and on the first screen,
+    then the transcode card's, then the iGPU's; each bar as wide as the others, none wider
+    than the screen."""
+    from test_pool import A380, B70_A, B70_B, IGPU, SECOND_MACHINE
+    from test_status_cards import pool_engine
+
+    executable = chromium()
+    engine = pool_engine(tmp_path, SECOND_MACHINE)
+    await engine.watch.read(None)
+    engine.alive = True
+    http = TestClient(TestServer(build_app(engine, TOKEN)))
+    await http.start_server()
+    width, height = VIEWPORTS[viewport]
+    try:
+        async with playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+            try:
+                context = await browser.new_context(
+                    viewport={"width": width, "height": height},
+                    is_mobile=viewport == "phone",
+                    java_script_enabled=False,
+                )
+                page = await context.new_page()
+                response = await page.goto(str(http.make_url("/")))
+                assert response is not None and response.status == 200
+                seen = await measure_bars(page)
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(
+                    path=str(ARTIFACTS / f"status-pool-{viewport}.png"), full_page=True
+                )
+            finally:
+                await browser.close()
+    finally:
+        await http.close()
+    bars = seen["bars"]
+    assert [(b["pdev"], b["job"]) for b in bars] == [
+        (B70_A, "llm"),
+        (B70_B, "llm"),
+        (A380, "transcode"),
+        (IGPU, "other"),
+    ]
+    assert [b["tenants"] for b in bars] == [
+        ["vllm/vllm", "free"],
+        ["vllm/vllm", "retrieval/ovms", "free"],
+        ["plex/plex", "free"],
+        [],  # the iGPU's size is unknown and its desktop holds no VRAM: an empty bar
+    ]
+    assert seen["scrollWidth"] <= seen["innerWidth"], seen
+    for bar in bars:
+        svg = bar["svg"]
+        assert svg["height"] > 10 and svg["left"] >= 0 and svg["right"] <= seen["innerWidth"], bar
+        assert abs(svg["width"] - bars[0]["svg"]["width"]) < 1, bars
+    # stacked in the page's order, each bar above its own tenants
+    tops = [b["svg"]["top"] for b in bars]
+    assert tops == sorted(tops) and len(set(tops)) == 4
+    for bar in bars:
+        assert bar["svg"]["bottom"] <= bar["list"]["top"] + 1, bar
+    # the headings: the pool's above its bars, the A380's between the pool and the iGPU
+    headings = dict((text, top) for text, top in seen["headings"])
+    assert list(headings) == ["LLM pool (TP=2)", "Transcode card", "Other card"]
+    assert headings["LLM pool (TP=2)"] < tops[0]
+    assert tops[1] < headings["Transcode card"] < tops[2] < headings["Other card"] < tops[3]
+    # the pool's bars answer on the first screen
+    assert bars[1]["svg"]["bottom"] <= seen["innerHeight"], bars[1]

@@ -305,3 +305,58 @@ def test_processes_holding_the_last_file_read_and_others_are_counted_whole(
             os.close(fd)
         for pid in children:
             os.waitpid(pid, 0)
+
+
+def test_a_client_whose_first_holder_vanished_is_kept_for_the_next(
+    tmp_path: Path, rec_make_fdinfo: Callable[..., str]
+) -> None:
+    """P1 and P2 share open file X; P1 is read first (X held, its fdinfo read) and exits while
+    its record is read, so its reads are dropped.  P2, whose descriptor holds X, takes X's
+    answer without a read: the client is counted with P2 as its holder (the scan used to fail
+    with a KeyError there, the client's fdinfo having gone with P1's reads)."""
+    x_path = tmp_path / "standin-x"
+    x_path.write_text("DRM node stand-in X\n")
+    x = os.open(x_path, os.O_RDONLY)
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+
+    def body() -> None:
+        os.close(hold_w)
+        os.write(ready_w, b".")
+        os.read(hold_r, 1)
+
+    children = [_child(body), _child(body)]
+    os.close(x)
+    try:
+        for _ in children:
+            os.read(ready_r, 1)
+        p1, p2 = children
+        if p1 > p2:
+            pytest.skip("pids wrapped between the two forks: P1 must be scanned first")
+        st = x_path.stat()
+        texts = {st.st_ino: rec_make_fdinfo(1, PDEV)}
+        real = standin_opener(texts)
+
+        def opener(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            if (
+                path == "cgroup"
+                and dir_fd is not None
+                and os.readlink(f"/proc/thread-self/fd/{dir_fd}") == f"/proc/{p1}"
+            ):  # P1 exits while its record is read (procfs answers ENOENT then)
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            return real(path, flags, mode, dir_fd=dir_fd)
+
+        scan = scan_proc(
+            "/", lambda s: (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino), opener=opener
+        )
+        if scan.dedupe != "kcmp":
+            pytest.skip(f"kcmp is refused here (dedupe {scan.dedupe})")
+        assert {key: c.pids for key, c in scan.clients.items()} == {(PDEV, 1): {p2}}
+        assert p1 not in scan.processes and p2 in scan.processes
+        assert (scan.stats.fdinfo_reads, scan.stats.fdinfo_reads_saved) == (1, 1)
+    finally:
+        os.close(hold_w)
+        for fd in (ready_r, ready_w, hold_r):
+            os.close(fd)
+        for pid in children:
+            os.waitpid(pid, 0)

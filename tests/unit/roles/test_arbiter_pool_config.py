@@ -92,6 +92,10 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "one-card": ONE_CARD,
         "second-machine": SECOND_MACHINE,
         "second-machine-comfyui-named": {**SECOND_MACHINE, "case_comfyui": B70_B},
+        "transcodes-on-the-pool": {
+            **SECOND_MACHINE,
+            "xe_driver_jobs": {**SECOND_MACHINE["xe_driver_jobs"], "transcode": {"bdf": B70_A}},
+        },
     }
     return run_cases(tmp_path_factory.mktemp("arbiter-pool"), RENDER, cases)
 
@@ -113,6 +117,16 @@ def test_the_second_machine_trades_both_b70s(rendered: dict[str, Any]) -> None:
     named = rendered["second-machine-comfyui-named"]
     assert named["image_card_pdev"] == B70_B
     assert parse_config(named).image_pdev == B70_B
+
+
+def test_the_transcode_card_is_named_when_it_is_off_the_pool(rendered: dict[str, Any]) -> None:
+    """The A380 takes the transcodes: the status page draws its bar after the pool's. A host
+    whose transcodes share the pool's card (or with one card) names none."""
+    assert rendered["second-machine"]["transcode_pdev"] == A380
+    assert parse_config(rendered["second-machine"]).transcode_pdev == A380
+    for case in ("no-xe-driver", "one-card"):
+        assert "transcode_pdev" not in rendered[case], case
+    assert "transcode_pdev" not in rendered["transcodes-on-the-pool"]
 
 
 # (case id, variables, strings the failure must contain; [] when the case must pass)
@@ -156,6 +170,22 @@ PREFLIGHT_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "pool-as-a-string",
         {"arbiter_pool_pdevs": B70_A},
         ["arbiter_pool_pdevs is 0000:03:00.0", "give the LLM pool's cards"],
+    ),
+    (
+        "transcode-card-in-the-pool",
+        {**SECOND_MACHINE, "arbiter_transcode_pdev": B70_B},
+        [
+            "arbiter_transcode_pdev is '0000:04:00.0'",
+            "not a card of the LLM pool ['0000:03:00.0', '0000:04:00.0']; or '' to name none",
+        ],
+    ),
+    (
+        "transcode-card-not-found",
+        {**SECOND_MACHINE, "arbiter_transcode_pdev": "0000:07:00.0"},
+        [
+            "arbiter_transcode_pdev is '0000:07:00.0'",
+            "one of the cards the xe_driver role found: 0000:02:00.0, 0000:03:00.0, 0000:04:00.0",
+        ],
     ),
     (
         "card-off-the-pool",
