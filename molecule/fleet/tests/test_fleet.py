@@ -205,6 +205,16 @@ def test_openai_client_through_the_fleet_proxy(proxy: str) -> None:
     )
 
 
+def test_each_status_page_links_to_the_fleet_view(proxy: str, arbiters: dict[str, str]) -> None:
+    view = f"{proxy}/proxy/fleet"
+    for box in (A, B):
+        page = requests.get(f"{arbiters[box]}/", timeout=10).text
+        assert f'<a href="{view}" data-fleet>' in page, box
+    fleet = requests.get(view, timeout=10)
+    assert fleet.status_code == 200
+    assert A in fleet.text and B in fleet.text
+
+
 # --- routing by each box's mode ---------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from role_playbook import WRITE_OUTCOMES, run_cases
 
+from cardshare.arbiter.config import parse_config
 from cardshare.proxy.config import build_config
 
 PLAYBOOK = (
@@ -39,6 +40,7 @@ PLAYBOOK = (
               config: "{{ __arbiter_proxy_config }}"
               volumes: "{{ __arbiter_proxy_volumes }}"
               boxes: "{{ __arbiter_boxes }}"
+              arbiter_config: "{{ __arbiter_config }}"
       rescue:
         - name: Keep the failure
           ansible.builtin.set_fact:
@@ -142,6 +144,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["arbiter_listen_address on 'shut-b'"],
     ),
     ("shut-b", {"vllm_plan": BOX["vllm_plan"]}, []),
+    # the status page's link to the fleet view
+    ("fleet-view", {"arbiter_fleet_view_url": "http://box-a.lan:8080/proxy/fleet"}, []),
+    (
+        "fleet-view-no-url",
+        {"arbiter_fleet_view_url": "box-a.lan:8080/proxy/fleet"},
+        [
+            "arbiter_fleet_view_url 'box-a.lan:8080/proxy/fleet'",
+            "the fleet view as the proxy's http:// URL",
+        ],
+    ),
 ]
 GROUPS = {
     "fleet": ["fleet-a", "fleet-b"],
@@ -257,3 +269,11 @@ def test_the_fleet_group_renders_each_host_as_its_box(outcomes: dict[str, Any]) 
     assert [b.weight for b in build_config(outcome["config"]).boxes] == [3, 1]
     # a box that is no proxy of a fleet renders none
     assert "boxes" not in outcomes["fleet-b"]["config"]
+
+
+def test_the_status_page_links_to_the_fleet_view(outcomes: dict[str, Any]) -> None:
+    url = "http://box-a.lan:8080/proxy/fleet"
+    assert outcomes["fleet-view"]["arbiter_config"]["fleet_view_url"] == url
+    assert parse_config(outcomes["fleet-view"]["arbiter_config"]).fleet_view_url == url
+    # no link, no key: a single box's config as before
+    assert "fleet_view_url" not in outcomes["single"]["arbiter_config"]
