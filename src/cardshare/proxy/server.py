@@ -266,6 +266,8 @@ class Proxy:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO_HEADERS,
+            # the upstream's cookies go to the client that got them, never to another agent
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         poll_timeout = max(1.0, min(5.0, 2 * cfg.mode_poll_seconds))
         self._arbiter_session = aiohttp.ClientSession(
