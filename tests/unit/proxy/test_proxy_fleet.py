@@ -154,7 +154,10 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
             "cardshare.proxy",
             "--config",
             str(path),
-            env={**os.environ, "PYTHONPATH": str(SRC)},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.getenv("PYTHONPATH")])),
+            },
             stderr=log.open("wb"),
         )
         fleet = Fleet(f"http://127.0.0.1:{port}", boxes, aiohttp.ClientSession(), process, log)
@@ -184,6 +187,8 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
 
 async def test_requests_spread_over_two_boxes(make_fleet: FleetFactory) -> None:
     fleet = await make_fleet()
+    # the proxy says which event loop it runs on (uvloop's where installed)
+    assert "event loop: " in fleet.log.read_text()
     for _ in range(6):
         status, doc = await fleet.post("m")
         assert (status, doc["object"]) == (200, "chat.completion")
