@@ -13,6 +13,8 @@ With ``boxes`` (a fleet, :mod:`cardshare.proxy.fleet`) a request is held on its 
 box is in rotation; once a box is, its body is read for its ``model``, and it goes to a box
 serving that model, or is held again (its body then in memory, counted in
 ``held_body_bytes``) until one comes back. A model no box lists is answered 404 at once.
+``GET /v1/models`` merges the lists of the boxes in rotation, so an agent sees every model it
+can ask for now.
 """
 
 from __future__ import annotations
@@ -543,6 +545,10 @@ class Proxy:
         if not self.is_fleet:
             return await self._forward(request, body, arrived, self.boxes[0], None)
         model = request_model(body)
+        if model is None and request.method == "GET" and request.path == "/v1/models":
+            merged = await self._models_of_fleet(request)
+            if merged is not None:
+                return merged
         if not known_model(self.boxes, model):
             served = sorted({m for b in self.boxes for m in b.box.models})
             msg = rules.unknown_model_message(str(model), served)
@@ -612,6 +618,42 @@ class Proxy:
         finally:
             self.queue.remove(held)
             self.counters.hold_seconds.observe(self.clock() - arrived)
+
+    async def _models_of_fleet(self, request: web.Request) -> web.Response | None:
+        """``GET /v1/models`` of a fleet: the lists of every box in rotation, merged (a model
+        on two boxes once, as the first lists it); None when fewer than two boxes answer (the
+        request then goes to one box as any other)."""
+        assert self._session is not None
+        boxes = [b for b in self.boxes if b.in_rotation(True)]
+        if len(boxes) < 2:
+            return None
+
+        async def one(box: BoxState) -> list[Any] | None:
+            assert self._session is not None
+            headers = {"Authorization": box.upstream_auth} if box.upstream_auth else {}
+            url = box.box.upstream_url.rstrip("/") + "/v1/models"
+            try:
+                async with self._session.get(
+                    url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    doc = await resp.json(content_type=None) if resp.status == 200 else None
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                return None
+            data = doc.get("data") if isinstance(doc, dict) else None
+            return data if isinstance(data, list) else None
+
+        lists = [d for d in await asyncio.gather(*(one(b) for b in boxes)) if d is not None]
+        if len(lists) < 2:
+            return None
+        seen: set[str] = set()
+        merged: list[Any] = []
+        for entry in (e for data in lists for e in data):
+            ident = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(ident, str) and ident not in seen:
+                seen.add(ident)
+                merged.append(entry)
+        self.counters.count("forwarded")
+        return web.json_response({"object": "list", "data": merged})
 
     def _retry_box(self, model: str | None, current: BoxState) -> BoxState:
         """The box to try again after a wait: one in rotation, else one whose arbiter says

@@ -472,3 +472,28 @@ async def test_fleet_view_at_390_px(make_fleet: FleetFactory) -> None:
     # both boxes, their modes, on a phone's first screen
     assert seen["boxes"][1]["bottom"] <= seen["innerHeight"], seen
     assert "image" in seen["boxes"][1]["text"] and "llm" in seen["boxes"][0]["text"]
+
+
+async def test_models_of_the_fleet_merged(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2", "m1"]})
+    fleet.boxes["a"].upstream.models = ["m1"]
+    fleet.boxes["b"].upstream.models = ["m2", "m1"]
+
+    async def listed() -> list[str]:
+        async with fleet.client.get(fleet.url + "/v1/models") as resp:
+            assert resp.status == 200
+            doc = await resp.json()
+        assert doc["object"] == "list"
+        assert all(e["object"] == "model" for e in doc["data"])
+        return [e["id"] for e in doc["data"]]
+
+    assert await listed() == ["m1", "m2"]
+    # a box out of rotation: its models are not offered; one box left answers alone
+    await fleet.set_mode("b", "image")
+    assert await listed() == ["m1"]
+    # none in rotation: held until one comes back, as any request
+    await fleet.set_mode("a", "swapping")
+    task = asyncio.ensure_future(listed())
+    await wait_for_state(fleet, lambda s: s["held"] == 1, "the list held")
+    await fleet.set_mode("b", "llm")
+    assert await task == ["m2", "m1"]
