@@ -497,3 +497,20 @@ async def test_models_of_the_fleet_merged(make_fleet: FleetFactory) -> None:
     await wait_for_state(fleet, lambda s: s["held"] == 1, "the list held")
     await fleet.set_mode("b", "llm")
     assert await task == ["m2", "m1"]
+
+
+async def test_no_retry_once_the_answer_has_started(make_fleet: FleetFactory) -> None:
+    # a box breaks off a stream after its first chunk: the client's connection is cut (the
+    # only honest signal left), and the request is not sent to the other box
+    fleet = await make_fleet()
+    url = fleet.url + "/v1/broken"
+    for _ in range(2):  # idle boxes take turns: one request on each
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with fleet.client.post(url, json={**CHAT, "model": "m"}) as resp:
+                assert resp.status == 200
+                await resp.read()
+    a, b = (await fleet.state())["boxes"]
+    assert (a["routed"], b["routed"]) == (1, 1)
+    async with fleet.client.get(fleet.url + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert families["cardshare_proxy_box_failovers"].samples[0].value == 0
