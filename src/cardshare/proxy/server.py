@@ -564,7 +564,7 @@ class Proxy:
             if rules.admit(mode, len(self.queue), cfg.hold_max_requests) is not rules.Action.HOLD:
                 msg = rules.count_message(mode, cfg.hold_max_requests, cfg.retry_after_seconds)
                 return self._error(503, msg, "hold_queue_full", "rejected_count")
-            refused = await self._hold(request, arrived, model, len(body))
+            refused = await self._hold(request, arrived, model, len(body), self.clock())
             if refused is not None:
                 return refused
         return await self._forward(request, body, arrived, box, model)
@@ -575,6 +575,7 @@ class Proxy:
         arrived: float,
         model: str | None = None,
         body_bytes: int | None = None,
+        again: float | None = None,
     ) -> web.StreamResponse | None:
         """Wait for ``llm``; None once released, else the answer to give (or client gone).
 
@@ -582,6 +583,10 @@ class Proxy:
         for a body of up to 2 x :data:`READ_BUFSIZE` (128 KiB); for a larger one aiohttp may
         have stopped reading the socket, and then the departure shows only when the request
         leaves the queue (released, or at ``hold_max_seconds``).
+
+        A fleet's request released and held again for its model (``model``) has its body read
+        (``body_bytes``) and its second hold's start (``again``), from which that hold's time
+        is counted in ``hold_seconds``.
         """
         cfg = self.config
         stream = request.content
@@ -617,7 +622,8 @@ class Proxy:
             raise
         finally:
             self.queue.remove(held)
-            self.counters.hold_seconds.observe(self.clock() - arrived)
+            # a fleet's request held again for its model counts each hold's own time
+            self.counters.hold_seconds.observe(self.clock() - (arrived if again is None else again))
 
     async def _models_of_fleet(self, request: web.Request) -> web.Response | None:
         """``GET /v1/models`` of a fleet: the lists of every box in rotation, merged (a model

@@ -514,3 +514,26 @@ async def test_no_retry_once_the_answer_has_started(make_fleet: FleetFactory) ->
     async with fleet.client.get(fleet.url + "/metrics") as resp:
         families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
     assert families["cardshare_proxy_box_failovers"].samples[0].value == 0
+
+
+async def test_a_request_held_twice_counts_its_time_once(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2"]})
+    await fleet.set_mode("a", "image")
+    await fleet.set_mode("b", "image")
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    task = asyncio.ensure_future(fleet.post("m2"))
+    await wait_for_state(fleet, lambda s: s["held"] == 1, "held on its head")
+    await asyncio.sleep(0.5)
+    # a comes back: the request is released, its body read, and held again for m2
+    await fleet.set_mode("a", "llm")
+    await asyncio.sleep(0.5)
+    await fleet.set_mode("b", "llm")
+    assert (await task)[0] == 200
+    elapsed = loop.time() - sent
+    async with fleet.client.get(fleet.url + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    hold = {s.name: s.value for s in families["cardshare_proxy_hold_seconds"].samples}
+    # two holds, whose times add up to at most the request's whole wait
+    assert hold["cardshare_proxy_hold_seconds_count"] == 2
+    assert 1.0 <= hold["cardshare_proxy_hold_seconds_sum"] <= elapsed
