@@ -128,7 +128,11 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
     fleets: list[Fleet] = []
     started: list[FleetBox] = []
 
-    async def factory(models: dict[str, list[str]] | None = None, **settings: Any) -> Fleet:
+    async def factory(
+        models: dict[str, list[str]] | None = None,
+        box_settings: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> Fleet:
         models = models or {"a": ["m"], "b": ["m"]}
         boxes = {}
         for name, served in models.items():
@@ -142,7 +146,9 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
             "listen_port": port,
             "mode_poll_seconds": 0.05,
             "hold_max_seconds": 30.0,
-            "boxes": [b.config() for b in boxes.values()],
+            "boxes": [
+                {**b.config(), **(box_settings or {}).get(b.name, {})} for b in boxes.values()
+            ],
             **settings,
         }
         path = tmp_path / "proxy.json"
@@ -537,3 +543,25 @@ async def test_a_request_held_twice_counts_its_time_once(make_fleet: FleetFactor
     # two holds, whose times add up to at most the request's whole wait
     assert hold["cardshare_proxy_hold_seconds_count"] == 2
     assert 1.0 <= hold["cardshare_proxy_hold_seconds_sum"] <= elapsed
+
+
+async def test_each_box_gets_its_own_key(make_fleet: FleetFactory, tmp_path: Path) -> None:
+    shared, own = tmp_path / "vllm-key", tmp_path / "vllm-key-b"
+    shared.write_text("shared-upstream-key\n")
+    own.write_text("b-upstream-key\n")
+    fleet = await make_fleet(
+        upstream_api_key_file=str(shared), box_settings={"b": {"api_key_file": str(own)}}
+    )
+    sent: dict[str, str] = {}
+    for _ in range(2):  # idle boxes take turns: one request on each
+        async with fleet.client.post(
+            fleet.url + "/v1/echo",
+            json={"model": "m"},
+            headers={"Authorization": "Bearer agent-key"},
+        ) as resp:
+            doc = await resp.json()
+        headers = {k.lower(): v for k, v in doc["headers"]}
+        host_port = int(headers["host"].rsplit(":", 1)[1])
+        name = next(n for n, b in fleet.boxes.items() if b.upstream.port == host_port)
+        sent[name] = headers["authorization"]
+    assert sent == {"a": "Bearer shared-upstream-key", "b": "Bearer b-upstream-key"}
