@@ -493,12 +493,13 @@ def main() -> int:
             ]
         if args.fleet:
             routed = [
+                ("direct", up_port),
                 ("asyncio", fleet_ports["asyncio"]),
                 ("proxy", proxy_port),
                 ("route", fleet_ports["route"]),
             ]
             if args.baseline_src:
-                routed.insert(0, ("baseline", fleet_ports["baseline"]))
+                routed.insert(1, ("baseline", fleet_ports["baseline"]))
             cells += [
                 Cell(target, f"http://127.0.0.1:{port}{path}", clients, False, paced=paced)
                 for paced in (True, False)
@@ -606,10 +607,11 @@ def main() -> int:
 
 def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Namespace) -> None:
     """The fleet section's two tables: routing's added latency, two boxes against one."""
-    names = (["baseline"] if args.baseline_src else []) + ["asyncio", "proxy", "route"]
+    names = ["direct", *(["baseline"] if args.baseline_src else []), "asyncio", "proxy", "route"]
     print(
         "\nRouting (issue 33): 'proxy' without boxes, 'route' with the same upstream as the one "
-        "box of boxes, both on uvloop where installed; 'asyncio' as 'proxy' on asyncio's loop"
+        "box of boxes, both on uvloop where installed; 'asyncio' as 'proxy' on asyncio's loop; "
+        "'direct' no proxy"
         + (
             f"; 'baseline' the code of {args.baseline_src} (asyncio's loop)"
             if args.baseline_src
@@ -618,7 +620,7 @@ def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Na
         + "; p50/p95 ms, side by side"
     )
     header = f"{'kind':<10}{'clients':>8}" + "".join(f"{n + ' p50/p95':>20}" for n in names)
-    header += f"{'route-proxy p50':>17}"
+    header += f"{'proxy-direct p50':>18}{'route-proxy p50':>17}"
     if args.baseline_src:
         header += f"{'proxy-base p50':>16}"
     header += f"{'errors':>8}"
@@ -630,6 +632,7 @@ def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Na
             line = f"{kind:<10}{clients:>8}" + "".join(
                 f"{c['p50_ms']:>11.2f}/{c['p95_ms']:<8.2f}" for c in cells.values()
             )
+            line += f"{cells['proxy']['p50_ms'] - cells['direct']['p50_ms']:>18.3f}"
             line += f"{cells['route']['p50_ms'] - cells['proxy']['p50_ms']:>17.3f}"
             if args.baseline_src:
                 line += f"{cells['proxy']['p50_ms'] - cells['baseline']['p50_ms']:>16.3f}"
@@ -637,8 +640,8 @@ def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Na
             print(line)
     print(
         "\nOwn CPU per request, us: the serving proxy process's CPU time (its threads' "
-        "scheduler time) over the requests answered in the measured window; a loaded machine "
-        "makes requests wait, which this does not count"
+        "scheduler time) over the requests answered in the measured window ('direct': the "
+        "upstream's); a loaded machine makes requests wait, which this does not count"
     )
     header = f"{'kind':<10}{'clients':>8}" + "".join(f"{n:>10}" for n in names)
     print(header)
