@@ -3,6 +3,16 @@
 The file is one JSON object whose keys are the field names of :class:`ProxyConfig`; a flag
 given on the command line beats the file. Unknown keys and bad values are refused with a
 message naming the key, the value and what is expected.
+
+``boxes`` lists the boxes of a fleet (issue 33), each an object::
+
+    {"name": "box-a", "upstream_url": "http://gpu5:8000",
+     "arbiter_url": "http://gpu5:8090", "models": ["qwen3-8b"],
+     "weight": 1, "api_key_file": "/etc/cardshare/vllm-key-a"}
+
+``weight`` (an integer >= 1, default 1) and ``api_key_file`` (default the global
+``upstream_api_key_file``) may be left out. An empty list (the default) is the single box of
+``upstream_url`` and ``arbiter_url``, serving any model; with ``boxes`` set those two are refused.
 """
 
 from __future__ import annotations
@@ -14,8 +24,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cardshare.proxy.keys import is_loopback
+
+
+@dataclass(frozen=True)
+class Box:
+    """One box of a fleet: its vLLM, its arbiter, the models it serves."""
+
+    name: str
+    upstream_url: str
+    arbiter_url: str
+    #: The models the box serves (the ``model`` of a request's JSON body); empty: any model
+    #: (only the single box of a configuration without ``boxes``).
+    models: tuple[str, ...] = ()
+    #: Its share of the requests against the other boxes' (least outstanding, weighted).
+    weight: int = 1
+    #: The file of its vLLM's own key ("" sends none).
+    api_key_file: str = ""
+
+
+#: The keys of a box object, and whether each must be given.
+BOX_KEYS = {
+    "name": True,
+    "upstream_url": True,
+    "arbiter_url": True,
+    "models": True,
+    "weight": False,
+    "api_key_file": False,
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +102,22 @@ class ProxyConfig:
     #: A file whose first line is the upstream's own key (vLLM's ``--api-key``), sent as
     #: ``Authorization: Bearer``; "" sends none. The agents' keys never go upstream.
     upstream_api_key_file: str = ""
+    #: The boxes of a fleet (:class:`Box`); empty: the one box of ``upstream_url`` and
+    #: ``arbiter_url``, serving any model.
+    boxes: tuple[Box, ...] = ()
+
+    def fleet(self) -> tuple[Box, ...]:
+        """The boxes the proxy routes to: ``boxes``, or the single box of the URLs."""
+        if self.boxes:
+            return self.boxes
+        return (
+            Box(
+                name="default",
+                upstream_url=self.upstream_url,
+                arbiter_url=self.arbiter_url,
+                api_key_file=self.upstream_api_key_file,
+            ),
+        )
 
 
 class ConfigError(ValueError):
@@ -109,6 +163,99 @@ def _check_type(key: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` is not a usable base URL, None when it is."""
+    if not url.startswith(("http://", "https://")):
+        return "must start with http:// or https://"
+    try:
+        host = urlsplit(url).hostname
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if not host:
+        return "has no host"
+    return None
+
+
+def _check_box(n: int, doc: Any, global_key_file: str) -> Box:
+    where = f"boxes[{n}]"
+    example = (
+        '{"name": "box-a", "upstream_url": "http://HOST:8000", '
+        '"arbiter_url": "http://HOST:8090", "models": ["MODEL"]}'
+    )
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where} must be an object like {example}, got {doc!r}")
+    unknown = sorted(set(doc) - set(BOX_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(BOX_KEYS)}"
+        )
+    missing = [k for k, required in BOX_KEYS.items() if required and k not in doc]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}; a box is like {example}")
+    name = doc["name"]
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise ConfigError(
+            f"{where}.name must be a non-empty name without surrounding spaces, got {name!r}"
+        )
+    for key in ("upstream_url", "arbiter_url"):
+        url = doc[key]
+        problem = _url_problem(url) if isinstance(url, str) else "must be a string"
+        if problem:
+            raise ConfigError(
+                f"{where}.{key} {problem}, got {url!r}; give the base URL like http://HOST:PORT"
+            )
+    models = doc["models"]
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise ConfigError(
+            f"{where}.models must be a list of model names (the requests' 'model'), got {models!r}"
+        )
+    if not models:
+        raise ConfigError(
+            f"{where}.models is empty: box {name!r} would never be sent a request; "
+            "list the models its vLLM serves (its --served-model-name)"
+        )
+    if len(set(models)) != len(models):
+        raise ConfigError(f"{where}.models lists a model twice, got {models!r}")
+    weight = doc.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+        raise ConfigError(f"{where}.weight must be an integer >= 1, got {weight!r}")
+    key_file = doc.get("api_key_file", global_key_file)
+    if not isinstance(key_file, str):
+        raise ConfigError(
+            f'{where}.api_key_file must be a path (or "" for no key), got {key_file!r}'
+        )
+    return Box(name, doc["upstream_url"], doc["arbiter_url"], tuple(models), weight, key_file)
+
+
+def _check_boxes(value: Any, settings: Mapping[str, Any], global_key_file: str) -> tuple[Box, ...]:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"boxes must be a list of box objects, got {value!r}")
+    if not value:
+        return ()
+    given = [k for k in ("upstream_url", "arbiter_url") if k in settings]
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} given with boxes ({', '.join(repr(settings[k]) for k in given)}"
+            "): with boxes each box names its own; remove "
+            f"{' and '.join(given)} or put that box in boxes"
+        )
+    boxes = [_check_box(n, doc, global_key_file) for n, doc in enumerate(value)]
+    for key in ("name", "upstream_url"):
+        seen: dict[str, int] = {}
+        for n, box in enumerate(boxes):
+            v = getattr(box, key)
+            norm = v.rstrip("/").lower() if key == "upstream_url" else v
+            if norm in seen:
+                fix = (
+                    "give each box its own name"
+                    if key == "name"
+                    else "list each vLLM once (one box per upstream)"
+                )
+                raise ConfigError(f"boxes[{n}].{key} {v!r} is also boxes[{seen[norm]}]'s; {fix}")
+            seen[norm] = n
+    return tuple(boxes)
+
+
 def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
     """A validated :class:`ProxyConfig` from ``settings`` (missing keys take their default)."""
     defaults = ProxyConfig()
@@ -118,6 +265,8 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
     values: dict[str, Any] = {}
     for key, value in settings.items():
+        if key == "boxes":
+            continue
         if key in _OPTIONAL_PATHS and value == "":
             values[key] = value
             continue
@@ -129,6 +278,10 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
         if key in _TIMEOUTS and not (math.isfinite(checked) and checked > 0):
             raise ConfigError(f"{key} must be a finite number of seconds > 0, got {value!r}")
         values[key] = checked
+    if "boxes" in settings:
+        values["boxes"] = _check_boxes(
+            settings["boxes"], settings, values.get("upstream_api_key_file", "")
+        )
     config = ProxyConfig(**values)
     if not 0 < config.listen_port < 65536:
         raise ConfigError(f"listen_port must be within 1..65535, got {config.listen_port}")
@@ -212,7 +365,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ProxyConfig, str]:
             raise ConfigError(f"{args.config}: cannot read: {exc.strerror}") from exc
         settings.update(parse_config_text(text, str(args.config)))
     for f in fields(ProxyConfig):
-        value = getattr(args, f.name)
+        value = getattr(args, f.name, None)
         if value is not None:
             settings[f.name] = value
     return build_config(settings), str(args.log_level)

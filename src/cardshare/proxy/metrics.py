@@ -72,12 +72,28 @@ class Counters:
     hold_seconds: Histogram = field(default_factory=Histogram)
     connect_retries: int = 0
     arbiter_poll_failures: int = 0
+    #: Requests moved to another box after a refused connection (a fleet only).
+    box_failovers: int = 0
+    #: Requests for a model no box of the fleet serves (answered 404).
+    unknown_model: int = 0
 
     def count(self, outcome: str) -> None:
         """Count one request ending with ``outcome``."""
         if outcome not in self.outcomes:
             raise ValueError(f"unknown outcome {outcome!r}; known: {', '.join(OUTCOMES)}")
         self.outcomes[outcome] += 1
+
+
+@dataclass(frozen=True)
+class BoxGauges:
+    """One box of a fleet at the time of a scrape."""
+
+    name: str
+    mode: str
+    in_rotation: bool
+    in_flight: int
+    #: Requests sent to it since the start (a counter).
+    routed: int
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,8 @@ class Gauges:
     keys_file_ok: int | None = None
     #: Keys in force (None when the proxy takes no keys).
     keys: int | None = None
+    #: The boxes of a fleet; empty without ``boxes`` (then no per-box series).
+    boxes: tuple[BoxGauges, ...] = ()
 
 
 #: Where the believed mode can come from (``cardshare_proxy_mode_source``).
@@ -168,7 +186,44 @@ def families(counters: Counters, gauges: Gauges) -> list[Metric]:
         ),
         read_timeouts,
         *_key_families(p, gauges),
+        *_box_families(p, counters, gauges.boxes),
     ]
+
+
+def _box_families(p: str, counters: Counters, boxes: tuple[BoxGauges, ...]) -> list[Metric]:
+    if not boxes:
+        return []
+    routed = CounterMetricFamily(
+        f"{p}box_requests_total",
+        "Requests sent to each box (a failover counts twice).",
+        labels=["box"],
+    )
+    in_flight = GaugeMetricFamily(
+        f"{p}box_in_flight", "Requests forwarded to each box and not finished.", labels=["box"]
+    )
+    rotation = GaugeMetricFamily(
+        f"{p}box_in_rotation", "1 when the box takes new requests.", labels=["box"]
+    )
+    mode = GaugeMetricFamily(
+        f"{p}box_mode", "Each box's mode as its arbiter last said it.", labels=["box", "mode"]
+    )
+    for b in boxes:
+        routed.add_metric([b.name], b.routed)
+        in_flight.add_metric([b.name], b.in_flight)
+        rotation.add_metric([b.name], int(b.in_rotation))
+        for m in MODES:
+            mode.add_metric([b.name, m], int(m == b.mode))
+    failovers = CounterMetricFamily(
+        f"{p}box_failovers_total",
+        "Requests moved to another box after its vLLM refused the connection.",
+        value=counters.box_failovers,
+    )
+    unknown = CounterMetricFamily(
+        f"{p}unknown_model_total",
+        "Requests for a model no box serves (answered 404 model_not_found).",
+        value=counters.unknown_model,
+    )
+    return [routed, in_flight, rotation, mode, failovers, unknown]
 
 
 def _key_families(p: str, gauges: Gauges) -> list[Metric]:

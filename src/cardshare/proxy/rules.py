@@ -193,6 +193,14 @@ def key_limit_message(name: str, bound: int, retry_after: int) -> str:
     )
 
 
+def unknown_model_message(model: str, served: Sequence[str]) -> str:
+    """Why a fleet answers 404: no box serves the request's model."""
+    return (
+        f"The model `{model}` does not exist on any box of this fleet; "
+        f"the boxes serve: {', '.join(served)}"
+    )
+
+
 def error_body(message: str, code: str, err_type: str = "service_unavailable") -> bytes:
     """An OpenAI-shaped error document, as JSON bytes."""
     doc: Mapping[str, object] = {

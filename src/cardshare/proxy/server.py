@@ -8,6 +8,13 @@ its body is read: a held request's body stays unread until the request is releas
 what held requests keep in memory is aiohttp's read window per connection
 (:data:`HELD_BODY_WINDOW_BYTES`), not their bodies. Slow clients are cut off by
 :mod:`cardshare.serverguard` (header, body and keep-alive read timeouts).
+
+With ``boxes`` (a fleet, :mod:`cardshare.proxy.fleet`) a request is held on its head while no
+box is in rotation; once a box is, its body is read for its ``model``, and it goes to a box
+serving that model, or is held again (its body then in memory, counted in
+``held_body_bytes``) until one comes back. A model no box lists is answered 404 at once.
+``GET /v1/models`` merges the lists of the boxes in rotation, so an agent sees every model it
+can ask for now.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from prometheus_client.metrics_core import Metric
 from yarl import URL
 
 from cardshare import exposition, serverguard
-from cardshare.proxy import rules
+from cardshare.proxy import fleetpage, rules
 from cardshare.proxy.config import ProxyConfig
+from cardshare.proxy.fleet import BoxState, fleet_mode, known_model, pick, request_model
 from cardshare.proxy.holdqueue import HoldQueue
 from cardshare.proxy.keys import Key, KeyRing, bearer_token, lookup, read_secret
-from cardshare.proxy.metrics import Counters, Gauges, families
+from cardshare.proxy.metrics import BoxGauges, Counters, Gauges, families
 from cardshare.proxy.mode import (
     ModePayloadError,
     ModeView,
@@ -82,6 +90,21 @@ def _client_gone(request: web.BaseRequest) -> bool:
     return transport is None or transport.is_closing()
 
 
+class _Route:
+    """The box a request is on (it may move to another before anything reached the client)."""
+
+    __slots__ = ("box",)
+
+    def __init__(self, box: BoxState) -> None:
+        self.box = box
+
+    def move(self, box: BoxState) -> None:
+        self.box.in_flight -= 1
+        box.in_flight += 1
+        box.routed += 1
+        self.box = box
+
+
 def runner_kwargs() -> dict[str, Any]:
     """AppRunner options: no access log; a small read buffer (it bounds what a held request
     buffers); cancel handlers of vanished clients."""
@@ -105,7 +128,9 @@ class Proxy:
         self.wall = wall
         self.backoff = backoff
         self.disconnect_check_seconds = disconnect_check_seconds
-        self.view = ModeView()
+        #: A fleet (``boxes`` set) or the single box of ``upstream_url``.
+        self.is_fleet = bool(config.boxes)
+        self.boxes = [BoxState(box, n) for n, box in enumerate(config.fleet())]
         self.queue = HoldQueue()
         self.counters = Counters()
         self.guard_stats = serverguard.GuardStats()
@@ -116,20 +141,16 @@ class Proxy:
         self.last_request_finished: float | None = None
         self._session: aiohttp.ClientSession | None = None
         self._arbiter_session: aiohttp.ClientSession | None = None
-        self._upstream = config.upstream_url.rstrip("/")
-        self._mode_url = config.arbiter_url.rstrip("/") + "/v1/mode"
-        self._status_url = config.arbiter_url.rstrip("/") + "/v1/status"
-        self._use_status = False
         #: The agents' keys (None: every request is let in, loopback only); raises
         #: :class:`cardshare.proxy.keys.KeysFileError` when the file does not load.
         self.keyring: KeyRing | None = None
         if config.keys_file:
             self.keyring = KeyRing(Path(config.keys_file))
             self.keyring.load()
-        #: The upstream's own ``Authorization``, sent instead of any agent's.
-        self._upstream_auth: str | None = None
-        if config.upstream_api_key_file:
-            self._upstream_auth = "Bearer " + read_secret(config.upstream_api_key_file)
+        # each upstream's own ``Authorization``, sent instead of any agent's
+        for state in self.boxes:
+            if state.box.api_key_file:
+                state.upstream_auth = "Bearer " + read_secret(state.box.api_key_file)
         #: Requests held or in flight per key name.
         self.key_load: dict[str, int] = {}
         #: The proxy's own registry: one collector reading :meth:`metric_families` per scrape.
@@ -137,20 +158,57 @@ class Proxy:
 
     # ----------------------------------------------------------------- mode
 
-    def apply_view(self, view: ModeView) -> None:
-        """Adopt a new belief about the mode; entering ``llm`` releases every held request."""
-        if (view.mode, view.source) != (self.view.mode, self.view.source):
-            LOG.info("mode %s (source %s)", view.mode, view.source)
-        self.view = view
-        if view.mode == "llm" and len(self.queue):
-            LOG.info("releasing %d held requests", self.queue.release_all())
+    @property
+    def view(self) -> ModeView:
+        """The mode as believed for the first (without ``boxes`` the only) box."""
+        return self.boxes[0].view
 
-    async def _fetch_mode(self, session: aiohttp.ClientSession) -> tuple[str, float | None]:
-        url = self._status_url if self._use_status else self._mode_url
+    @view.setter
+    def view(self, view: ModeView) -> None:
+        self.boxes[0].view = view
+
+    def mode(self, model: str | None = None) -> str:
+        """The mode a request for ``model`` meets: the box's, or the fleet's
+        (:func:`cardshare.proxy.fleet.fleet_mode`)."""
+        if not self.is_fleet:
+            return self.view.mode
+        return fleet_mode(self.boxes, model)
+
+    def apply_view(self, view: ModeView, state: BoxState | None = None) -> None:
+        """Adopt a new belief about a box's mode (the first box by default).
+
+        One box: entering ``llm`` releases every held request. A fleet: a box in rotation
+        releases the held requests it can serve.
+        """
+        state = self.boxes[0] if state is None else state
+        if (view.mode, view.source) != (state.view.mode, state.view.source):
+            if self.is_fleet:
+                LOG.info("box %s: mode %s (source %s)", state.box.name, view.mode, view.source)
+            else:
+                LOG.info("mode %s (source %s)", view.mode, view.source)
+        state.view = view
+        if view.source == "arbiter" and state.upstream_error is not None:
+            LOG.info("box %s: back in rotation after its arbiter answered", state.box.name)
+            state.upstream_error = None
+        if not len(self.queue):
+            return
+        if not self.is_fleet:
+            if view.mode == "llm":
+                LOG.info("releasing %d held requests", self.queue.release_all())
+        elif state.in_rotation(True):
+            released = self.queue.release_if(state.serves)
+            if released:
+                LOG.info("box %s: releasing %d held requests", state.box.name, released)
+
+    async def _fetch_mode(
+        self, session: aiohttp.ClientSession, state: BoxState
+    ) -> tuple[str, float | None]:
+        base = state.box.arbiter_url.rstrip("/")
+        url = base + ("/v1/status" if state.use_status else "/v1/mode")
         async with session.get(url) as resp:
-            if resp.status == 404 and not self._use_status:
-                self._use_status = True
-                return await self._fetch_mode(session)
+            if resp.status == 404 and not state.use_status:
+                state.use_status = True
+                return await self._fetch_mode(session, state)
             if resp.status != 200:
                 raise ModePayloadError(f"HTTP {resp.status} from {url}")
             try:
@@ -160,26 +218,38 @@ class Proxy:
         return parse_mode_payload(doc)
 
     async def poll_mode_once(self) -> None:
-        """Ask the arbiter for the mode once and adopt the answer (or the fallback)."""
+        """Ask every box's arbiter for its mode once and adopt the answers (or fallbacks)."""
+        await asyncio.gather(*(self.poll_box_once(state) for state in self.boxes))
+
+    async def poll_box_once(self, state: BoxState) -> None:
+        """Ask one box's arbiter for its mode and adopt the answer (or the fallback)."""
         session = self._arbiter_session
         if session is None:
             raise RuntimeError("the proxy application is not running")
         try:
-            mode, since = await self._fetch_mode(session)
+            mode, since = await self._fetch_mode(session, state)
         except (TimeoutError, aiohttp.ClientError, ModePayloadError) as exc:
             self.counters.arbiter_poll_failures += 1
-            if self.view.arbiter_error is None:
-                LOG.warning("arbiter unreachable: %s", _describe(exc))
+            if state.view.arbiter_error is None:
+                if self.is_fleet:
+                    LOG.warning(
+                        "box %s: arbiter unreachable, out of rotation: %s",
+                        state.box.name,
+                        _describe(exc),
+                    )
+                else:
+                    LOG.warning("arbiter unreachable: %s", _describe(exc))
+            # a fleet takes the box out of rotation (BoxState.in_rotation) whatever it keeps
             view = on_arbiter_down(
-                self.view, _describe(exc), self.config.trust_mode_when_arbiter_down
+                state.view, _describe(exc), self.config.trust_mode_when_arbiter_down
             )
         else:
-            view = on_arbiter_answer(self.view, mode, since, self.wall())
-        self.apply_view(view)
+            view = on_arbiter_answer(state.view, mode, since, self.wall())
+        self.apply_view(view, state)
 
-    async def _poll_forever(self) -> None:
+    async def _poll_forever(self, state: BoxState) -> None:
         while True:
-            await self.poll_mode_once()
+            await self.poll_box_once(state)
             await asyncio.sleep(self.config.mode_poll_seconds)
 
     async def _watch_keys(self, keyring: KeyRing) -> None:
@@ -192,16 +262,20 @@ class Proxy:
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         cfg = self.config
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.pool_limit, limit_per_host=cfg.pool_limit),
+            connector=aiohttp.TCPConnector(
+                limit=cfg.pool_limit * len(self.boxes), limit_per_host=cfg.pool_limit
+            ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO_HEADERS,
+            # the upstream's cookies go to the client that got them, never to another agent
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         poll_timeout = max(1.0, min(5.0, 2 * cfg.mode_poll_seconds))
         self._arbiter_session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=poll_timeout)
         )
-        tasks = [asyncio.ensure_future(self._poll_forever())]
+        tasks = [asyncio.ensure_future(self._poll_forever(state)) for state in self.boxes]
         if self.keyring is not None:
             tasks.append(asyncio.ensure_future(self._watch_keys(self.keyring)))
         try:
@@ -226,6 +300,7 @@ class Proxy:
         app.on_shutdown.append(self._on_shutdown)
         app.router.add_get("/proxy/health", self.handle_health)
         app.router.add_get("/proxy/state", self.handle_state)
+        app.router.add_get("/proxy/fleet", self.handle_fleet)
         app.router.add_get("/metrics", exposition.handler(self.registry))
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
@@ -245,8 +320,24 @@ class Proxy:
     # ----------------------------------------------------------------- own endpoints
 
     def state(self) -> dict[str, Any]:
-        """What ``/proxy/state`` reports (the arbiter reads it)."""
+        """What ``/proxy/state`` reports (the arbiter reads it).
+
+        A fleet's adds ``boxes`` (each box's name, mode, mode_source, in_rotation, in_flight,
+        error, last_seen, and its models, weight, requests routed) and keeps every field
+        of the one box's: ``mode`` is ``llm`` when any box is in rotation
+        (:func:`cardshare.proxy.fleet.fleet_mode`), ``mode_since`` the earliest ``since`` of
+        the boxes in rotation, ``mode_source`` ``arbiter`` when every arbiter answered its
+        last poll (``last-known`` when some did, ``default`` when none), ``arbiter_seen`` the
+        latest answer of any, ``arbiter_error`` the failing boxes' errors (``name: error``, ``;``
+        between them).
+        """
         oldest = self.queue.oldest_age(self.clock())
+        if self.is_fleet:
+            return {
+                **self._state_fields(oldest),
+                **self._fleet_fields(),
+                "boxes": [self._box_state(b) for b in self.boxes],
+            }
         return {
             "in_flight": self.in_flight,
             "connecting": self.connecting,
@@ -262,11 +353,64 @@ class Proxy:
             "arbiter_error": self.view.arbiter_error,
         }
 
+    def _state_fields(self, oldest: float | None) -> dict[str, Any]:
+        return {
+            "in_flight": self.in_flight,
+            "connecting": self.connecting,
+            "held": len(self.queue),
+            "held_body_bytes": self.queue.buffered_bytes(),
+            "oldest_held_seconds": round(oldest, 3) if oldest is not None else None,
+            "last_request_started": self.last_request_started,
+            "last_request_finished": self.last_request_finished,
+        }
+
+    def _fleet_fields(self) -> dict[str, Any]:
+        serving = [b.view.since for b in self.boxes if b.in_rotation(True)]
+        answered = [b for b in self.boxes if b.view.arbiter_error is None and b.view.arbiter_seen]
+        seen = [b.view.arbiter_seen for b in self.boxes if b.view.arbiter_seen is not None]
+        errors = [
+            f"{b.box.name}: {b.view.arbiter_error}" for b in self.boxes if b.view.arbiter_error
+        ]
+        source = (
+            "arbiter"
+            if len(answered) == len(self.boxes)
+            else ("last-known" if answered else "default")
+        )
+        return {
+            "mode": fleet_mode(self.boxes),
+            "mode_since": min((s for s in serving if s is not None), default=None),
+            "mode_source": source,
+            "arbiter_seen": max(seen, default=None),
+            "arbiter_error": "; ".join(errors) or None,
+        }
+
+    def _box_state(self, b: BoxState) -> dict[str, Any]:
+        return {
+            "name": b.box.name,
+            "mode": b.view.mode,
+            "mode_source": b.view.source,
+            "mode_since": b.view.since,
+            "in_rotation": b.in_rotation(self.is_fleet),
+            "in_flight": b.in_flight,
+            "error": b.error,
+            "last_seen": b.view.arbiter_seen,
+            "models": list(b.box.models),
+            "weight": b.box.weight,
+            "routed": b.routed,
+        }
+
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def handle_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.state())
+
+    async def handle_fleet(self, request: web.Request) -> web.Response:
+        state = self.state()
+        boxes = state.get("boxes") or [self._box_state(b) for b in self.boxes]
+        return web.Response(
+            text=fleetpage.render(state, boxes, self.wall()), content_type="text/html"
+        )
 
     def metric_families(self) -> list[Metric]:
         """What ``/metrics`` reports: the counters and the live state at scrape time."""
@@ -281,6 +425,18 @@ class Proxy:
             body_timeouts=self.guard_stats.body_timeouts,
             keys_file_ok=None if self.keyring is None else int(self.keyring.file_ok),
             keys=None if self.keyring is None else len(self.keyring.keys),
+            boxes=tuple(
+                BoxGauges(
+                    name=b.box.name,
+                    mode=b.view.mode,
+                    in_rotation=b.in_rotation(True),
+                    in_flight=b.in_flight,
+                    routed=b.routed,
+                )
+                for b in self.boxes
+            )
+            if self.is_fleet
+            else (),
         )
         return families(self.counters, gauges)
 
@@ -366,11 +522,10 @@ class Proxy:
         length = request.content_length
         if request.body_exists and length is not None and length > cfg.max_body_bytes:
             return self._too_large()
-        action = rules.admit(self.view.mode, len(self.queue), cfg.hold_max_requests)
+        mode = self.mode()
+        action = rules.admit(mode, len(self.queue), cfg.hold_max_requests)
         if action is rules.Action.REJECT_COUNT:
-            msg = rules.count_message(
-                self.view.mode, cfg.hold_max_requests, cfg.retry_after_seconds
-            )
+            msg = rules.count_message(mode, cfg.hold_max_requests, cfg.retry_after_seconds)
             return self._error(503, msg, "hold_queue_full", "rejected_count")
         if action is rules.Action.HOLD:
             # the body stays unread (and its clock stopped) while held
@@ -387,22 +542,61 @@ class Proxy:
             return resp
         if body is None:
             return self._too_large()
-        return await self._forward(request, body, arrived)
+        if not self.is_fleet:
+            return await self._forward(request, body, arrived, self.boxes[0], None)
+        model = request_model(body)
+        if model is None and request.method == "GET" and request.path == "/v1/models":
+            merged = await self._models_of_fleet(request)
+            if merged is not None:
+                return merged
+        if not known_model(self.boxes, model):
+            served = sorted({m for b in self.boxes for m in b.box.models})
+            msg = rules.unknown_model_message(str(model), served)
+            self.counters.unknown_model += 1
+            return web.Response(
+                status=404,
+                body=rules.error_body(msg, "model_not_found", "invalid_request_error"),
+                content_type="application/json",
+            )
+        while (box := pick(self.boxes, model, True)) is None:
+            # no box serving this model is in rotation: hold (the body is read by now)
+            mode = self.mode(model)
+            if rules.admit(mode, len(self.queue), cfg.hold_max_requests) is not rules.Action.HOLD:
+                msg = rules.count_message(mode, cfg.hold_max_requests, cfg.retry_after_seconds)
+                return self._error(503, msg, "hold_queue_full", "rejected_count")
+            refused = await self._hold(request, arrived, model, len(body), self.clock())
+            if refused is not None:
+                return refused
+        return await self._forward(request, body, arrived, box, model)
 
-    async def _hold(self, request: web.Request, arrived: float) -> web.StreamResponse | None:
+    async def _hold(
+        self,
+        request: web.Request,
+        arrived: float,
+        model: str | None = None,
+        body_bytes: int | None = None,
+        again: float | None = None,
+    ) -> web.StreamResponse | None:
         """Wait for ``llm``; None once released, else the answer to give (or client gone).
 
         A client that goes away is noticed while aiohttp still reads its connection: always
         for a body of up to 2 x :data:`READ_BUFSIZE` (128 KiB); for a larger one aiohttp may
         have stopped reading the socket, and then the departure shows only when the request
         leaves the queue (released, or at ``hold_max_seconds``).
+
+        A fleet's request released and held again for its model (``model``) has its body read
+        (``body_bytes``) and its second hold's start (``again``), from which that hold's time
+        is counted in ``hold_seconds``.
         """
         cfg = self.config
         stream = request.content
-        # nothing of a held body is read by the proxy: what aiohttp has received is buffered
-        held = self.queue.add(
-            arrived, buffered=(lambda: stream.total_bytes) if request.body_exists else None
-        )
+        buffered: Callable[[], int] | None = None
+        if body_bytes is not None:
+            buffered = lambda: body_bytes  # noqa: E731 (read already, for its model)
+        elif request.body_exists:
+            # nothing of a held body is read by the proxy: what aiohttp has received is buffered
+            buffered = lambda: stream.total_bytes  # noqa: E731
+        held = self.queue.add(arrived, buffered=buffered, model=model)
         try:
             while True:
                 waited = self.clock() - arrived
@@ -413,7 +607,7 @@ class Proxy:
                     return self._error(503, msg, "proxy_stopping", "rejected_stopping")
                 if rules.hold_expired(waited, cfg.hold_max_seconds):
                     msg = rules.time_message(
-                        self.view.mode, cfg.hold_max_seconds, cfg.retry_after_seconds
+                        self.mode(model), cfg.hold_max_seconds, cfg.retry_after_seconds
                     )
                     return self._error(503, msg, "hold_timeout", "rejected_time")
                 if _client_gone(request):
@@ -428,33 +622,104 @@ class Proxy:
             raise
         finally:
             self.queue.remove(held)
-            self.counters.hold_seconds.observe(self.clock() - arrived)
+            # a fleet's request held again for its model counts each hold's own time
+            self.counters.hold_seconds.observe(self.clock() - (arrived if again is None else again))
+
+    async def _models_of_fleet(self, request: web.Request) -> web.Response | None:
+        """``GET /v1/models`` of a fleet: the lists of every box in rotation, merged (a model
+        on two boxes once, as the first lists it); None when fewer than two boxes answer (the
+        request then goes to one box as any other)."""
+        assert self._session is not None
+        boxes = [b for b in self.boxes if b.in_rotation(True)]
+        if len(boxes) < 2:
+            return None
+
+        async def one(box: BoxState) -> list[Any] | None:
+            assert self._session is not None
+            headers = {"Authorization": box.upstream_auth} if box.upstream_auth else {}
+            url = box.box.upstream_url.rstrip("/") + "/v1/models"
+            try:
+                async with self._session.get(
+                    url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    doc = await resp.json(content_type=None) if resp.status == 200 else None
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                return None
+            data = doc.get("data") if isinstance(doc, dict) else None
+            return data if isinstance(data, list) else None
+
+        lists = [d for d in await asyncio.gather(*(one(b) for b in boxes)) if d is not None]
+        if len(lists) < 2:
+            return None
+        seen: set[str] = set()
+        merged: list[Any] = []
+        for entry in (e for data in lists for e in data):
+            ident = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(ident, str) and ident not in seen:
+                seen.add(ident)
+                merged.append(entry)
+        self.counters.count("forwarded")
+        return web.json_response({"object": "list", "data": merged})
+
+    def _retry_box(self, model: str | None, current: BoxState) -> BoxState:
+        """The box to try again after a wait: one in rotation, else one whose arbiter says
+        ``llm`` though its vLLM refused (it may be starting), else the same."""
+        box = pick(self.boxes, model, True)
+        if box is not None:
+            return box
+        starting = [
+            b
+            for b in self.boxes
+            if b.serves(model) and b.view.mode == "llm" and b.view.arbiter_error is None
+        ]
+        return min(starting, key=lambda b: b.in_flight / b.box.weight, default=current)
 
     async def _connect(
-        self, request: web.Request, body: bytes, arrived: float
+        self, request: web.Request, body: bytes, arrived: float, route: _Route, model: str | None
     ) -> aiohttp.ClientResponse | web.StreamResponse:
-        """The upstream's response, retrying refused connections; or the 503 to answer."""
+        """The upstream's response, retrying refused connections; or the 503 to answer.
+
+        A fleet retries a refused connection on another box in rotation at once (nothing of
+        the request reached a client); with none, it waits and retries as one box does.
+        """
         assert self._session is not None
         cfg = self.config
         started = self.clock()
         deadline = rules.connect_deadline(
             arrived, started, cfg.hold_max_seconds, cfg.connect_retry_seconds
         )
-        url = URL(self._upstream + request.raw_path, encoded=True)
-        headers = rules.request_headers(list(request.headers.items()))
-        if self.keyring is not None or self._upstream_auth is not None:
-            # the agent's key stays here; the upstream gets the proxy's own (or none)
-            headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
-            if self._upstream_auth is not None:
-                headers.append(("Authorization", self._upstream_auth))
+        base_headers = rules.request_headers(list(request.headers.items()))
         data = body if body or request.method not in _BODYLESS else None
         attempt = 0
+        tried: list[BoxState] = []
         while True:
+            box = route.box
+            url = URL(box.box.upstream_url.rstrip("/") + request.raw_path, encoded=True)
+            headers = base_headers
+            if self.keyring is not None or box.upstream_auth is not None:
+                # the agent's key stays here; the upstream gets the proxy's own (or none)
+                headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
+                if box.upstream_auth is not None:
+                    headers.append(("Authorization", box.upstream_auth))
             try:
                 return await self._session.request(
                     request.method, url, headers=headers, data=data, allow_redirects=False
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                if self.is_fleet and _retryable(exc):
+                    if box.upstream_error is None:
+                        LOG.warning(
+                            "box %s: vLLM refused, out of rotation until its arbiter answers: %s",
+                            box.box.name,
+                            _describe(exc),
+                        )
+                    box.upstream_error = _describe(exc)
+                    tried.append(box)
+                    other = pick(self.boxes, model, True, exclude=tried)
+                    if other is not None:
+                        self.counters.box_failovers += 1
+                        route.move(other)
+                        continue
                 delay = rules.retry_delay(attempt, self.clock(), deadline, self.backoff)
                 if not _retryable(exc) or delay is None:
                     LOG.warning("upstream %s %s failed: %s", request.method, url, _describe(exc))
@@ -468,15 +733,23 @@ class Proxy:
                 self.counters.connect_retries += 1
                 await asyncio.sleep(delay)
                 attempt += 1
+                if self.is_fleet:
+                    tried.clear()
+                    other = self._retry_box(model, box)
+                    if other is not box:
+                        route.move(other)
 
     async def _forward(
-        self, request: web.Request, body: bytes, arrived: float
+        self, request: web.Request, body: bytes, arrived: float, box: BoxState, model: str | None
     ) -> web.StreamResponse:
         self.in_flight += 1
         self.connecting += 1
+        box.in_flight += 1
+        box.routed += 1
+        route = _Route(box)
         try:
             try:
-                upstream = await self._connect(request, body, arrived)
+                upstream = await self._connect(request, body, arrived, route, model)
             finally:
                 self.connecting -= 1
             if isinstance(upstream, web.StreamResponse):
@@ -487,6 +760,7 @@ class Proxy:
                 upstream.close()
         finally:
             self.in_flight -= 1
+            route.box.in_flight -= 1
 
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse
