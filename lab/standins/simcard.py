@@ -532,6 +532,27 @@ class SimClient:
         if pid_dir is not None:
             remove_entry(pid_dir)
 
+    def leave(self, linger_seconds: float) -> None:
+        """Exit without closing: the entry stays with its memory, and the reaper removes it
+        ``linger_seconds`` after now, once its container is gone (``release_after`` in the
+        owner file): a process whose memory the driver frees late."""
+        if self.pid is None:
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        with self._lock:
+            pid_dir = self.pid_dir
+            self.pid = None
+            self._thread = None
+            self._stop = threading.Event()
+        if pid_dir is not None:
+            owner_path = pid_dir / OWNER_FILE
+            with contextlib.suppress(OSError, ValueError):
+                owner = json.loads(owner_path.read_text())
+                owner["release_after"] = time.time() + linger_seconds
+                _write_atomic(owner_path, (json.dumps(owner) + "\n").encode())
+
     def snapshot(self) -> FdinfoState | None:
         with self._lock:
             return self._state_locked()

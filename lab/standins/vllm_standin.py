@@ -59,8 +59,9 @@ own insufficient-memory message, with the card's free memory read as 0); ``N kv-
 them fail with the KV-cache start failure instead (the cache available read as half of what one
 request needs).  Each failing start takes one from the count and the file goes at 0.
 ``<CARDSHARE_SIM_ROOT>/lab/vllm-hold-card`` holding ``<PCI address> <seconds>`` makes the next
-stop keep that card's memory for those seconds (a rank slow to exit) while the other cards
-release after ``STANDIN_RELEASE_SECONDS``; the stop takes the file.
+stop leave that card's memory held for those seconds past the exit (the driver freeing a dead
+rank's memory late; the lab host's reaper removes the entry then) while the other cards release
+after ``STANDIN_RELEASE_SECONDS``; the stop takes the file.
 
 Tensor parallelism: with ``--tensor-parallel-size N`` the stand-in is a client of N cards, one
 per rank as real vLLM's workers each open their own card, each holding the utilisation of its
@@ -1371,19 +1372,15 @@ class PoolClient:
             rank.set_busy(busy)
 
     def close(self, release_seconds: float) -> None:
-        """Every rank releases its card at once; the card the hold knob names, later."""
+        """Every rank releases its card at once; the card the hold knob names keeps its memory
+        for the knob's seconds past the process's exit (the lab's reaper frees it then)."""
         held = take_hold(self.root)
-        threads = [
-            threading.Thread(
-                target=rank.close,
-                args=(
-                    held[1]
-                    if held is not None and rank.card is not None and rank.card.pdev == held[0]
-                    else release_seconds,
-                ),
-            )
-            for rank in self.ranks
-        ]
+        threads: list[threading.Thread] = []
+        for rank in self.ranks:
+            if held is not None and rank.card is not None and rank.card.pdev == held[0]:
+                rank.leave(held[1])
+                continue
+            threads.append(threading.Thread(target=rank.close, args=(release_seconds,)))
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import simcard
+import simcard_reaper
 from standin_testlib import PDEV, VRAM_TOTAL, parse_fdinfo
 
 CID = "a" * 64
@@ -377,6 +377,7 @@ def test_a_tp2_vllm_stand_in_holds_memory_on_both_pool_cards(
 
     root = _three_cards(tmp_path / "sim")
     monkeypatch.setenv("CARDSHARE_SIM_ROOT", str(root))
+    monkeypatch.setattr(simcard, "own_container_id", lambda: "d" * 64)
     env = {"CARDSHARE_SIM_CARD": f"{PDEV} {B70_B}"}
     pool = vs.PoolClient(2, env, ["vllm", "serve", "m"], root=root)
     assert [rank.card.pdev for rank in pool.ranks if rank.card] == [PDEV, B70_B]
@@ -391,16 +392,22 @@ def test_a_tp2_vllm_stand_in_holds_memory_on_both_pool_cards(
     try:
         assert pool.registered
         assert _pdevs_of_clients(root) == {PDEV: 16 << 30, B70_B: 16 << 30, A380: 0}
-        # the hold knob keeps one card's memory past the other's release
+        # the hold knob: one card's memory stays past the exit, until the reaper frees it
         (root / "lab").mkdir()
-        (root / "lab" / "vllm-hold-card").write_text(f"{B70_B} 0.6\n")
-        closing = threading.Thread(target=pool.close, args=(0.0,))
-        closing.start()
-        time.sleep(0.3)
+        (root / "lab" / "vllm-hold-card").write_text(f"{B70_B} 0.5\n")
+        pool.close(0.0)
         assert _pdevs_of_clients(root) == {PDEV: 0, B70_B: 16 << 30, A380: 0}
-        closing.join()
-        assert _pdevs_of_clients(root) == {PDEV: 0, B70_B: 0, A380: 0}
         assert not (root / "lab" / "vllm-hold-card").exists()
+
+        def gone(_container: str) -> bool:
+            return False  # the container stopped
+
+        assert simcard_reaper.reap(root, gone) == []  # held: kept while its time runs
+        time.sleep(0.6)
+        assert [reason for _pid, reason in simcard_reaper.reap(root, gone)] == [
+            "container dddddddddddd is not running"
+        ]
+        assert _pdevs_of_clients(root) == {PDEV: 0, B70_B: 0, A380: 0}
     finally:
         pool.close(0.0)
 
