@@ -102,6 +102,7 @@ class _Route:
         self.box.in_flight -= 1
         box.in_flight += 1
         box.routed += 1
+        box.last_request_started = self.box.last_request_started
         self.box = box
 
 
@@ -397,6 +398,8 @@ class Proxy:
             "models": list(b.box.models),
             "weight": b.box.weight,
             "routed": b.routed,
+            "last_request_started": b.last_request_started,
+            "last_request_finished": b.last_request_finished,
         }
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -746,6 +749,7 @@ class Proxy:
         self.connecting += 1
         box.in_flight += 1
         box.routed += 1
+        box.last_request_started = self.wall()
         route = _Route(box)
         try:
             try:
@@ -761,6 +765,7 @@ class Proxy:
         finally:
             self.in_flight -= 1
             route.box.in_flight -= 1
+            route.box.last_request_finished = self.wall()
 
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse

@@ -25,6 +25,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from cardshare.arbiter.rules import parse_proxy_state
+
 from .conftest import FakeArbiter, FakeUpstream, free_port, wait_for
 
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -392,6 +394,36 @@ async def test_state_and_metrics_per_box(make_fleet: FleetFactory) -> None:
     }
     # the one mode of the fleet
     assert per_box("cardshare_proxy_mode")[("llm",)] == 1.0
+
+
+async def test_each_boxs_arbiter_reads_its_own_requests(make_fleet: FleetFactory) -> None:
+    """A box's arbiter judges its own box idle: a stream in flight on box a keeps a busy and
+    leaves b free to lend its card (the fleet's totals would hold both); held requests count
+    fleet-wide, as a held request waits for any box."""
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2"]})
+    async with fleet.client.post(
+        fleet.url + "/v1/chat/completions",
+        json={**CHAT, "model": "m1", "stream": True, "gated": True},
+    ) as resp:
+        assert (await resp.content.readline()).startswith(b"data: ")
+        state = await fleet.state()
+        a, b, total = (parse_proxy_state(state, n) for n in ("a", "b", ""))
+        assert (total.in_flight, a.in_flight, b.in_flight) == (1, 1, 0)
+        assert total.last_request_started is not None
+        assert a.last_request_started == state["boxes"][0]["last_request_started"]
+        assert a.last_request_started is not None and a.last_request_finished is None
+        assert (b.last_request_started, b.last_request_finished) == (None, None)
+        fleet.boxes["a"].upstream.gate.set()
+        await resp.read()
+    await fleet.until("a", lambda s: s["in_flight"] == 0, "idle")
+    a = parse_proxy_state(await fleet.state(), "a")
+    assert a.last_request_finished is not None and a.last_request_started is not None
+    assert a.last_request_finished >= a.last_request_started
+    with pytest.raises(ValueError, match=r"the proxy lists no box 'c' \(its boxes: a, b\)"):
+        parse_proxy_state(state, "c")
+    # a proxy of one box has no boxes: a named box reads the totals
+    single = {k: v for k, v in state.items() if k != "boxes"}
+    assert parse_proxy_state(single, "a").in_flight == 1
 
 
 async def test_openai_client_through_two_boxes(make_fleet: FleetFactory) -> None:
