@@ -19,6 +19,14 @@ A second proxy process takes API keys (issue 33; a key file of 17 keys, the clie
 key as ``Authorization: Bearer``): its 1-client plain and raw cells, beside the keyless proxy's,
 show what the key check adds to the median (``--no-keys`` leaves it out).
 
+A fleet section (issue 33; ``--no-fleet`` leaves it out) measures routing: the same proxy with
+its upstream given as the one box of ``boxes`` (the request's ``model`` read, a box picked)
+beside the proxy without ``boxes``, at 1 and 64 clients, plain and raw; with
+``--baseline-src DIR`` (a ``src`` directory of another checkout, say main's) a third proxy
+process runs that code, side by side. Then throughput with two boxes against one: the boxes'
+upstreams serve at most ``--slots`` requests at once each (vLLM's ``max_num_seqs``; the others
+wait), so one box caps at slots / delay requests a second and two at twice that.
+
     python benchmarks/proxy/bench_proxy.py [--seconds 1] [--rounds 2] [--delay-ms 100] ...
 """
 
@@ -36,7 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -45,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from cardshare.proxy.keys import key_line
 
@@ -98,6 +107,8 @@ class Shape:
     response_text: int
     chunks: int
     chunk_interval_ms: float
+    #: Requests generated at once (the others wait their turn); 0: no bound.
+    slots: int = 0
 
 
 # --------------------------------------------------------------------------- upstream process
@@ -106,8 +117,15 @@ class Shape:
 def run_upstream(port: int, shape: Shape) -> None:
     body = completion_body(shape.response_text)
     one_chunk = sse_chunk()
+    slots = asyncio.Semaphore(shape.slots) if shape.slots else None
 
     async def chat(request: web.Request) -> web.StreamResponse:
+        if slots is None:
+            return await generate(request)
+        async with slots:
+            return await generate(request)
+
+    async def generate(request: web.Request) -> web.StreamResponse:
         doc = await request.json()
         paced = doc.get("bench_paced", True)
         if not doc.get("stream"):
@@ -142,21 +160,44 @@ def run_upstream(port: int, shape: Shape) -> None:
 # --------------------------------------------------------------------------- proxy process
 
 
-def run_proxy(port: int, upstream_port: int, keys_file: str = "") -> None:
-    from cardshare.proxy.__main__ import serve
+def run_proxy(
+    port: int,
+    upstream_port: int,
+    keys_file: str = "",
+    boxes: tuple[int, ...] = (),
+    src: str = "",
+    use_uvloop: bool = True,
+) -> None:
+    """A proxy process: one upstream, or ``boxes`` (upstream ports); ``src``: another
+    checkout's code; ``use_uvloop``: False runs on asyncio's loop even where uvloop is."""
+    if src:
+        sys.path.insert(0, src)
+        for name in [n for n in sys.modules if n == "cardshare" or n.startswith("cardshare.")]:
+            del sys.modules[name]
+    from cardshare.proxy import __main__ as entry
     from cardshare.proxy.config import build_config
     from cardshare.proxy.server import Proxy
 
-    config = build_config(
-        {
-            "listen_port": port,
-            "upstream_url": f"http://127.0.0.1:{upstream_port}",
-            # the upstream also answers /v1/mode with llm: the proxy polls it as its arbiter
-            "arbiter_url": f"http://127.0.0.1:{upstream_port}",
-            "keys_file": keys_file,
-        }
-    )
-    asyncio.run(serve(config, Proxy(config)))
+    settings: dict[str, Any] = {"listen_port": port, "keys_file": keys_file}
+    if boxes:
+        settings["boxes"] = [
+            {
+                "name": f"box-{n}",
+                "upstream_url": f"http://127.0.0.1:{box_port}",
+                "arbiter_url": f"http://127.0.0.1:{box_port}",
+                "models": ["bench-model"],
+            }
+            for n, box_port in enumerate(boxes)
+        ]
+    else:
+        # the upstream also answers /v1/mode with llm: the proxy polls it as its arbiter
+        settings["upstream_url"] = f"http://127.0.0.1:{upstream_port}"
+        settings["arbiter_url"] = f"http://127.0.0.1:{upstream_port}"
+    config = build_config(settings)
+    if hasattr(entry, "run"):
+        entry.run(config, Proxy(config), use_uvloop)
+    else:  # a checkout before uvloop
+        asyncio.run(entry.serve(config, Proxy(config)))
 
 
 # --------------------------------------------------------------------------- load process
@@ -170,6 +211,19 @@ class Cell:
     stream: bool
     #: False: the upstream answers at once (the proxy's raw cost and this machine's ceiling)
     paced: bool = True
+    #: The serving process (a proxy), whose CPU time per request is measured; 0: none.
+    pid: int = 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process's threads have run, from the scheduler's own count (ns)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 async def one_cell(cell: Cell, seconds: float, warmup: float) -> dict[str, Any]:
@@ -184,9 +238,16 @@ async def one_cell(cell: Cell, seconds: float, warmup: float) -> dict[str, Any]:
         start = loop.time()
         measure_from = start + warmup
         end = measure_from + seconds
+        cpu_from: float | None = None
+        measured_all = 0  # requests ended in the measured window, good or not
+
+        async def cpu_mark() -> None:
+            nonlocal cpu_from
+            await asyncio.sleep(measure_from - loop.time())
+            cpu_from = cpu_seconds(cell.pid)
 
         async def worker(offset: float) -> None:
-            nonlocal errors
+            nonlocal errors, measured_all
             # staggered starts: completions spread evenly over the window, not in lockstep
             await asyncio.sleep(offset)
             while True:
@@ -204,6 +265,7 @@ async def one_cell(cell: Cell, seconds: float, warmup: float) -> dict[str, Any]:
                 t1 = loop.time()
                 # a request counts when it completes inside the measured window
                 if measure_from <= t1 <= end:
+                    measured_all += 1
                     if ok:
                         latencies.append(t1 - t0)
                     else:
@@ -213,7 +275,10 @@ async def one_cell(cell: Cell, seconds: float, warmup: float) -> dict[str, Any]:
             asyncio.ensure_future(worker(warmup * n / cell.concurrency))
             for n in range(cell.concurrency)
         ]
+        if cell.pid:
+            workers.append(asyncio.ensure_future(cpu_mark()))
         await asyncio.sleep(end - loop.time())
+        cpu_to = cpu_seconds(cell.pid) if cell.pid else None
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -229,6 +294,11 @@ async def one_cell(cell: Cell, seconds: float, warmup: float) -> dict[str, Any]:
         "rps": n / seconds,
         "p50_ms": statistics.median(latencies) * 1000 if n else float("nan"),
         "p95_ms": latencies[min(n - 1, int(0.95 * n))] * 1000 if n else float("nan"),
+        # the serving process's CPU per request in the measured window: its own cost, which a
+        # loaded machine's waiting does not inflate as it does the latencies
+        "cpu_us": (cpu_to - cpu_from) / measured_all * 1e6
+        if cpu_to is not None and cpu_from is not None and measured_all
+        else float("nan"),
     }
 
 
@@ -274,6 +344,14 @@ def wait_listening(port: int, limit: float = 15.0) -> None:
     raise SystemExit(f"nothing listens on port {port} after {limit} s")
 
 
+def uvloop_version() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "uvloop not installed"
+    return f"uvloop {uvloop.__version__}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="measured time per cell")
@@ -300,8 +378,30 @@ def main() -> int:
         default=True,
         help="also measure a proxy that takes API keys, at 1 client (plain and raw)",
     )
+    parser.add_argument(
+        "--fleet",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure routing (boxes) and two boxes against one",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        default="",
+        help="a src directory of another checkout: its proxy runs beside, as the baseline",
+    )
+    parser.add_argument(
+        "--slots", type=int, default=16, help="requests a fleet box's upstream serves at once"
+    )
+    parser.add_argument("--fleet-concurrency", type=int, nargs="+", default=[16, 64])
+    parser.add_argument(
+        "--fleet-only", action="store_true", help="measure the fleet section alone (no keys)"
+    )
     args = parser.parse_args()
     conc = args.concurrency
+    if args.fleet_only:
+        args.fleet, args.keys = True, False
+    if args.baseline_src and not (Path(args.baseline_src) / "cardshare" / "proxy").is_dir():
+        parser.error(f"--baseline-src {args.baseline_src}: no cardshare/proxy in it")
 
     shape = Shape(args.delay_ms, args.response_text, args.chunks, args.chunk_interval_ms)
     up_port, proxy_port, keyed_port = free_port(), free_port(), free_port()
@@ -317,13 +417,56 @@ def main() -> int:
     )
     keyed = ctx.Process(target=run_proxy, args=(keyed_port, up_port, str(keys_file)), daemon=True)
     processes = [upstream, proxy] + ([keyed] if args.keys else [])
+    listening = [up_port, proxy_port] + ([keyed_port] if args.keys else [])
+    # the fleet section: a routing proxy (boxes of one: the same upstream), the baseline's
+    # proxy, and one box against two over slot-bound upstreams
+    fleet_ports: dict[str, int] = {}
+    if args.fleet:
+        slotted = Shape(
+            args.delay_ms, args.response_text, args.chunks, args.chunk_interval_ms, args.slots
+        )
+        box_ports = (free_port(), free_port())
+        fleet_ports = {
+            "route": free_port(),
+            "asyncio": free_port(),
+            "fleet1": free_port(),
+            "fleet2": free_port(),
+        }
+        processes += [
+            ctx.Process(target=run_upstream, args=(p, slotted), daemon=True) for p in box_ports
+        ]
+        processes += [
+            ctx.Process(
+                target=run_proxy, args=(fleet_ports["route"], 0, "", (up_port,)), daemon=True
+            ),
+            ctx.Process(
+                target=run_proxy,
+                args=(fleet_ports["asyncio"], up_port, "", (), "", False),
+                daemon=True,
+            ),
+            ctx.Process(
+                target=run_proxy, args=(fleet_ports["fleet1"], 0, "", box_ports[:1]), daemon=True
+            ),
+            ctx.Process(
+                target=run_proxy, args=(fleet_ports["fleet2"], 0, "", box_ports), daemon=True
+            ),
+        ]
+        listening += [*box_ports, *fleet_ports.values()]
+        if args.baseline_src:
+            fleet_ports["baseline"] = free_port()
+            processes.append(
+                ctx.Process(
+                    target=run_proxy,
+                    args=(fleet_ports["baseline"], up_port, "", (), args.baseline_src, False),
+                    daemon=True,
+                )
+            )
+            listening.append(fleet_ports["baseline"])
     for process in processes:
         process.start()
     try:
-        wait_listening(up_port)
-        wait_listening(proxy_port)
-        if args.keys:
-            wait_listening(keyed_port)
+        for port in listening:
+            wait_listening(port)
         path = "/v1/chat/completions"
         targets = (("direct", up_port), ("proxy", proxy_port))
         cells = [
@@ -336,6 +479,8 @@ def main() -> int:
             for conc in args.raw_concurrency
             for target, port in targets
         ]
+        if args.fleet_only:
+            cells = []
         if args.keys:
             keyed_url = f"http://127.0.0.1:{keyed_port}{path}"
             cells += [
@@ -346,6 +491,31 @@ def main() -> int:
                     ("proxy+keys", keyed_url),
                 )
             ]
+        if args.fleet:
+            routed = [
+                ("direct", up_port),
+                ("asyncio", fleet_ports["asyncio"]),
+                ("proxy", proxy_port),
+                ("route", fleet_ports["route"]),
+            ]
+            if args.baseline_src:
+                routed.insert(1, ("baseline", fleet_ports["baseline"]))
+            cells += [
+                Cell(target, f"http://127.0.0.1:{port}{path}", clients, False, paced=paced)
+                for paced in (True, False)
+                for clients in (1, 64)
+                for target, port in routed
+            ]
+            cells += [
+                Cell(target, f"http://127.0.0.1:{fleet_ports[target]}{path}", clients, False)
+                for clients in args.fleet_concurrency
+                for target in ("fleet1", "fleet2")
+            ]
+        # each cell measures the CPU time of the process that serves it
+        pid_of = {
+            port: process.pid or 0 for port, process in zip(listening, processes, strict=True)
+        }
+        cells = [replace(c, pid=pid_of[URL(c.url).port or 0]) for c in cells]
         receiver, sender = ctx.Pipe(duplex=False)
         load = ctx.Process(
             target=run_load, args=(cells, args.seconds, args.warmup, args.rounds, sender)
@@ -364,7 +534,8 @@ def main() -> int:
     print("cardshare.proxy benchmark: direct to upstream vs through the proxy")
     print(
         f"machine: {platform.platform()}, {platform.machine()}, cpu_count={os.cpu_count()}, "
-        f"python {platform.python_version()}, aiohttp {aiohttp.__version__}"
+        f"python {platform.python_version()}, aiohttp {aiohttp.__version__}, "
+        f"{uvloop_version()}"
     )
     print(
         "upstream: in-script aiohttp fake vLLM (repeatable; not the real vLLM nor the lab "
@@ -393,8 +564,11 @@ def main() -> int:
             by_key[cell] = r
     rows = [("stream" if st else "plain", c, st, True) for st in (False, True) for c in conc]
     rows += [("raw plain", c, False, False) for c in args.raw_concurrency]
-    print(header)
-    print("-" * len(header))
+    if args.fleet_only:
+        rows = []
+    else:
+        print(header)
+        print("-" * len(header))
     for kind, clients, stream, paced in rows:
         if kind == "raw plain" and clients == args.raw_concurrency[0]:
             print("raw: the upstream answers at once; the proxy's own cost, CPU-bound here")
@@ -426,7 +600,76 @@ def main() -> int:
                 f"{kp['p95_ms']:<8.2f}{kp['p50_ms'] - p['p50_ms']:>14.3f}{ratio:>11.2f}"
                 f"{p['errors'] + kp['errors']:>8}"
             )
+    if args.fleet:
+        print_fleet(by_key, args)
     return 0
+
+
+def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Namespace) -> None:
+    """The fleet section's two tables: routing's added latency, two boxes against one."""
+    names = ["direct", *(["baseline"] if args.baseline_src else []), "asyncio", "proxy", "route"]
+    print(
+        "\nRouting (issue 33): 'proxy' without boxes, 'route' with the same upstream as the one "
+        "box of boxes, both on uvloop where installed; 'asyncio' as 'proxy' on asyncio's loop; "
+        "'direct' no proxy"
+        + (
+            f"; 'baseline' the code of {args.baseline_src} (asyncio's loop)"
+            if args.baseline_src
+            else ""
+        )
+        + "; p50/p95 ms, side by side"
+    )
+    header = f"{'kind':<10}{'clients':>8}" + "".join(f"{n + ' p50/p95':>20}" for n in names)
+    header += f"{'proxy-direct p50':>18}{'route-proxy p50':>17}"
+    if args.baseline_src:
+        header += f"{'proxy-base p50':>16}"
+    header += f"{'errors':>8}"
+    print(header)
+    print("-" * len(header))
+    for kind, paced in (("plain", True), ("raw plain", False)):
+        for clients in (1, 64):
+            cells = {n: by_key[(n, clients, False, paced)] for n in names}
+            line = f"{kind:<10}{clients:>8}" + "".join(
+                f"{c['p50_ms']:>11.2f}/{c['p95_ms']:<8.2f}" for c in cells.values()
+            )
+            line += f"{cells['proxy']['p50_ms'] - cells['direct']['p50_ms']:>18.3f}"
+            line += f"{cells['route']['p50_ms'] - cells['proxy']['p50_ms']:>17.3f}"
+            if args.baseline_src:
+                line += f"{cells['proxy']['p50_ms'] - cells['baseline']['p50_ms']:>16.3f}"
+            line += f"{sum(c['errors'] for c in cells.values()):>8}"
+            print(line)
+    print(
+        "\nOwn CPU per request, us: the serving proxy process's CPU time (its threads' "
+        "scheduler time) over the requests answered in the measured window ('direct': the "
+        "upstream's); a loaded machine makes requests wait, which this does not count"
+    )
+    header = f"{'kind':<10}{'clients':>8}" + "".join(f"{n:>10}" for n in names)
+    print(header)
+    print("-" * len(header))
+    for kind, paced in (("plain", True), ("raw plain", False)):
+        for clients in (1, 64):
+            line = f"{kind:<10}{clients:>8}"
+            line += "".join(f"{by_key[(n, clients, False, paced)]['cpu_us']:>10.0f}" for n in names)
+            print(line)
+    print(
+        f"\nTwo boxes against one: each box's upstream serves {args.slots} requests at once "
+        f"(the others wait), {args.delay_ms:g} ms each; plain requests"
+    )
+    header = (
+        f"{'clients':>8}{'1 box r/s':>11}{'2 boxes r/s':>13}{'ratio':>7}"
+        f"{'1 box p50/p95 ms':>19}{'2 boxes p50/p95 ms':>21}{'errors':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for clients in args.fleet_concurrency:
+        one = by_key[("fleet1", clients, False, True)]
+        two = by_key[("fleet2", clients, False, True)]
+        ratio = two["rps"] / one["rps"] if one["rps"] else float("nan")
+        print(
+            f"{clients:>8}{one['rps']:>11.1f}{two['rps']:>13.1f}{ratio:>7.2f}"
+            f"{one['p50_ms']:>10.2f}/{one['p95_ms']:<8.2f}{two['p50_ms']:>12.2f}/"
+            f"{two['p95_ms']:<8.2f}{one['errors'] + two['errors']:>8}"
+        )
 
 
 if __name__ == "__main__":

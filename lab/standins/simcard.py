@@ -53,6 +53,7 @@ __all__ = [
     "FdinfoState",
     "SimClient",
     "card_choice",
+    "card_choices",
     "cgroup_line",
     "container_id_from_mountinfo",
     "find_card",
@@ -234,6 +235,15 @@ def card_choice(env: Mapping[str, str] | None = None) -> str | None:
     )
 
 
+def card_choices(env: Mapping[str, str] | None = None) -> list[str]:
+    """Every card ``CARDSHARE_SIM_CARD`` names, in its order (PCI addresses or render nodes
+    separated by spaces or commas): the cards of a tensor-parallel stand-in, one per rank;
+    [] when unset."""
+    source = os.environ if env is None else env
+    words = source.get(CARD_ENV, "").replace(",", " ").split()
+    return [str(card_choice({CARD_ENV: word})) for word in words]
+
+
 def _render_of(entry: Path) -> str:
     """The card's render node name from sysfs (``drm/renderD<N>``); renderD128 without one."""
     with contextlib.suppress(OSError):
@@ -407,12 +417,14 @@ class SimClient:
         container_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         tick_seconds: float = TICK_SECONDS,
+        choice: str | None = None,
     ) -> None:
         self.root = sim_root() if root is None else root
         self.comm = comm[:15]
         self.cmdline = list(cmdline)
         self.container_id = own_container_id() if container_id is None else container_id
-        self.card = find_card(self.root, card_choice())
+        # the card given (one rank's of a tensor-parallel stand-in), else CARDSHARE_SIM_CARD's
+        self.card = find_card(self.root, choice if choice is not None else card_choice())
         self.pid: int | None = None
         self.client_id: int | None = None
         self._clock = clock
@@ -519,6 +531,27 @@ class SimClient:
             self._stop = threading.Event()
         if pid_dir is not None:
             remove_entry(pid_dir)
+
+    def leave(self, linger_seconds: float) -> None:
+        """Exit without closing: the entry stays with its memory, and the reaper removes it
+        ``linger_seconds`` after now, once its container is gone (``release_after`` in the
+        owner file): a process whose memory the driver frees late."""
+        if self.pid is None:
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        with self._lock:
+            pid_dir = self.pid_dir
+            self.pid = None
+            self._thread = None
+            self._stop = threading.Event()
+        if pid_dir is not None:
+            owner_path = pid_dir / OWNER_FILE
+            with contextlib.suppress(OSError, ValueError):
+                owner = json.loads(owner_path.read_text())
+                owner["release_after"] = time.time() + linger_seconds
+                _write_atomic(owner_path, (json.dumps(owner) + "\n").encode())
 
     def snapshot(self) -> FdinfoState | None:
         with self._lock:

@@ -10,7 +10,9 @@ process dies; this loop plays that part.  Every second it removes entries
   a 404 means gone), or was started again after the entry was made (``State.StartedAt``
   later than the entry's owner file: a killed process whose container was restarted
   under the same id, as the arbiter's restart of ComfyUI does), and
-* that name no container but whose recorded owner pid (``cardshare-sim-owner``) is gone.
+* that name no container but whose recorded owner pid (``cardshare-sim-owner``) is gone;
+an entry whose owner file holds ``release_after`` (Unix seconds) is kept until then (a client
+whose memory the driver frees late).
 
 When the engine cannot be asked, container entries are kept (never remove on doubt).
 Run as ``python3 simcard_reaper.py [--root R] [--interval S] [--once]``.
@@ -135,6 +137,10 @@ def stale_reason(
     owner_path = pid_dir / OWNER_FILE
     if not owner_path.exists():
         return None  # not made by a stand-in: leave it alone
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        # a client whose memory the driver frees late (the vLLM stand-in's hold knob)
+        if float(json.loads(owner_path.read_text()).get("release_after", 0)) > time.time():
+            return None
     container_id: str | None = None
     with contextlib.suppress(OSError):
         container_id = container_of_cgroup((pid_dir / "cgroup").read_text())

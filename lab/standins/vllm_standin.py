@@ -63,6 +63,16 @@ fail as vLLM does when the card's memory is taken between a measure and the load
 own insufficient-memory message, with the card's free memory read as 0); ``N kv-cache`` makes
 them fail with the KV-cache start failure instead (the cache available read as half of what one
 request needs).  Each failing start takes one from the count and the file goes at 0.
+``<CARDSHARE_SIM_ROOT>/lab/vllm-hold-card`` holding ``<PCI address> <seconds>`` makes the next
+stop leave that card's memory held for those seconds past the exit (the driver freeing a dead
+rank's memory late; the lab host's reaper removes the entry then) while the other cards release
+after ``STANDIN_RELEASE_SECONDS``; the stop takes the file.
+
+Tensor parallelism: with ``--tensor-parallel-size N`` the stand-in is a client of N cards, one
+per rank as real vLLM's workers each open their own card, each holding the utilisation of its
+card: the cards ``CARDSHARE_SIM_CARD`` names (addresses or render nodes separated by spaces
+or commas), else the simulated host's first N cards with memory.  Each rank checks its own
+card's free memory at start, and fewer cards than N is an error.
 """
 
 from __future__ import annotations
@@ -87,7 +97,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from simcard import SimClient
+from simcard import SimClient, card_choices
 from standin_http import BadChunkedBody, Handler, StandinServer, read_chunked, serve_in_thread
 
 __all__ = [
@@ -447,6 +457,7 @@ class Settings:
     kv_block: int = 16
     death_seconds: float = 0.2
     exit_seconds: float = 1.8
+    tensor_parallel_size: int = 1
 
 
 def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -498,6 +509,7 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         kv_block=args.block_size or KV_BLOCK,
         death_seconds=float(env.get("STANDIN_ENGINE_DEATH_SECONDS", "0.2")),
         exit_seconds=float(env.get("STANDIN_ENGINE_EXIT_SECONDS", "1.8")),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -660,7 +672,7 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 class Engine:
     """Request accounting behind ``/metrics`` (true counts) and the card's busy engines."""
 
-    def __init__(self, settings: Settings, card: SimClient | None) -> None:
+    def __init__(self, settings: Settings, card: SimClient | PoolClient | None) -> None:
         self.settings = settings
         self.card = card
         self.lock = threading.Lock()
@@ -1204,7 +1216,9 @@ class VllmServer(StandinServer):
         super().__init__(address, VllmHandler)
 
 
-def make_server(settings: Settings, card: SimClient | None, port: int | None = None) -> VllmServer:
+def make_server(
+    settings: Settings, card: SimClient | PoolClient | None, port: int | None = None
+) -> VllmServer:
     """Bind the API server (``port`` overrides the settings, 0 picks a free port)."""
     engine = Engine(settings, card)
     return VllmServer((settings.host, settings.port if port is None else port), engine)
@@ -1326,6 +1340,100 @@ PYTHON_PREFIX = "/opt/vllm/lib/python3.11"
 
 
 FAIL_KNOB = Path("lab") / "vllm-fail-next-starts"
+HOLD_KNOB = Path("lab") / "vllm-hold-card"
+
+
+class PoolClient:
+    """SIMULATION: vLLM's ranks as DRM clients, one per card of its tensor-parallel pool (a
+    pool of one: the one card), driven together as :class:`SimClient` drives one."""
+
+    def __init__(
+        self, size: int, env: Mapping[str, str], cmdline: Sequence[str], root: Path | None = None
+    ) -> None:
+        if size < 1:
+            raise StartupError(f"tensor_parallel_size must be at least 1, got {size}")
+        first = SimClient(comm=ENGINE_COMM, cmdline=cmdline, root=root)
+        self.root = first.root
+        choices = card_choices(env)
+        if size == 1:
+            self.ranks = [first]
+        else:
+            if not choices:  # the host's first cards with memory, in address order
+                choices = _cards_with_memory(self.root)
+            if len(choices) < size:
+                raise StartupError(
+                    f"SIMULATION: --tensor-parallel-size {size} needs {size} cards, but the "
+                    f"stand-in has {len(choices)} ({', '.join(choices) or 'none'}): name them "
+                    "in CARDSHARE_SIM_CARD"
+                )
+            self.ranks = [
+                SimClient(comm=ENGINE_COMM, cmdline=cmdline, root=root, choice=choice)
+                for choice in choices[:size]
+            ]
+
+    @property
+    def card(self) -> object | None:
+        """The first rank's card; None when the root has no card."""
+        return self.ranks[0].card
+
+    @property
+    def registered(self) -> bool:
+        return all(rank.registered for rank in self.ranks)
+
+    def memory_error(self, utilization: float, forced: bool) -> str | None:
+        """The first rank whose card has less free than the share: vLLM's refusal, naming it."""
+        for index, rank in enumerate(self.ranks):
+            free, total = rank.free_vram()
+            error = memory_error(0 if forced else free, total, utilization, f"xpu:{index}")
+            if error is not None:
+                return error
+        return None
+
+    def register(self, utilization: float) -> None:
+        mib = 1024**2  # the driver reports whole pages; keep the figure readable
+        for rank in self.ranks:
+            _free, total = rank.free_vram()
+            rank.register(vram=-(-math.ceil(total * utilization) // mib) * mib)
+
+    def set_busy(self, busy: Mapping[str, float]) -> None:
+        for rank in self.ranks:
+            rank.set_busy(busy)
+
+    def close(self, release_seconds: float) -> None:
+        """Every rank releases its card at once; the card the hold knob names keeps its memory
+        for the knob's seconds past the process's exit (the lab's reaper frees it then)."""
+        held = take_hold(self.root)
+        threads: list[threading.Thread] = []
+        for rank in self.ranks:
+            if held is not None and rank.card is not None and rank.card.pdev == held[0]:
+                rank.leave(held[1])
+                continue
+            threads.append(threading.Thread(target=rank.close, args=(release_seconds,)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+def _cards_with_memory(root: Path) -> list[str]:
+    """The simulated host's cards with memory, by PCI address in order."""
+    devices = root / "sys" / "bus" / "pci" / "devices"
+    try:
+        names = sorted(entry.name for entry in devices.iterdir())
+    except OSError:
+        return []
+    return [n for n in names if (devices / n / "tile0" / "physical_vram_size_bytes").exists()]
+
+
+def take_hold(root: Path) -> tuple[str, float] | None:
+    """Consume the hold knob: ``(PCI address, seconds)``, else ``None``."""
+    knob = root / HOLD_KNOB
+    try:
+        words = knob.read_text().split()
+        knob.unlink(missing_ok=True)
+        return (words[0], float(words[1])) if len(words) >= 2 else None
+    except (OSError, ValueError):
+        return None
 
 
 FORCED_KINDS = ("free-memory", "kv-cache")
@@ -1392,16 +1500,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if message.startswith("Error: --enable-auto-tool-choice"):
             return _fail([f"TypeError: {message}"])
         return _fail([f"ValueError: {message}"])
-    card = SimClient(comm=ENGINE_COMM, cmdline=["vllm", "serve", *args])
+    try:
+        card = PoolClient(settings.tensor_parallel_size, environ, ["vllm", "serve", *args])
+    except StartupError as exc:
+        return _fail([f"ValueError: {exc}"])
     forced: str | None = None
     if card.card is None:
         print(f"SIMULATION: no simulated card under {card.root}; not registering", flush=True)
     else:
-        free, total = card.free_vram()
         forced = take_forced_failure(card.root)
-        if forced == "free-memory":
-            free = 0  # the knob: memory taken between the arbiter's measure and this start
-        error = memory_error(free, total, settings.utilization)
+        # the knob: memory taken between the arbiter's measure and this start
+        error = card.memory_error(settings.utilization, forced == "free-memory")
         if error is not None:
             return _fail(
                 [
@@ -1410,8 +1519,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                     "Failed core proc(s): {}",
                 ]
             )
-        mib = 1024**2  # the driver reports whole pages; keep the figure readable
-        card.register(vram=-(-math.ceil(total * settings.utilization) // mib) * mib)
+        card.register(settings.utilization)
     try:
         return _serve(settings, card, forced == "kv-cache")
     finally:
@@ -1461,7 +1569,7 @@ def kv_failure_log(settings: Settings, root_cause: str) -> str:
 ENGINE_DEATH_EXIT = 0
 
 
-def _serve(settings: Settings, card: SimClient, kv_forced: bool = False) -> int:
+def _serve(settings: Settings, card: PoolClient, kv_forced: bool = False) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

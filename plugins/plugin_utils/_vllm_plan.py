@@ -59,6 +59,7 @@ __all__ = [
     "vllm_plan",
     "vllm_plan_ladder",
     "vllm_serve_args",
+    "weights_per_card",
 ]
 
 KNOWN_DTYPES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
@@ -181,6 +182,36 @@ def _check_extra_args(value: object) -> list[str]:
     return result
 
 
+def _tensor_parallel_size(conf: Mapping[str, object]) -> int:
+    """The pool's size the plan is for (``vllm_tensor_parallel_size``, set by the pool's
+    filters; 1, one card, when absent)."""
+    value = conf.get("vllm_tensor_parallel_size", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise VllmTuningError(
+            f"vllm_tensor_parallel_size is {value!r}: expected the pool's size, a whole number "
+            "of cards, 1 or more; the xe_driver role publishes the pool from "
+            "xe_driver_card_jobs"
+        )
+    return value
+
+
+def weights_per_card(spec: ModelSpec, size: int) -> int | None:
+    """What one card of a pool of ``size`` holds of the model's weights.
+
+    Under tensor parallelism vLLM shards every parallel layer across the ranks: the attention
+    and MLP projections (``ColumnParallelLinear``/``RowParallelLinear``) and the embeddings and
+    LM head too (``VocabParallelEmbedding``/``ParallelLMHead``, padded to divide by the TP
+    size), per vLLM's ``vllm/model_executor/layers/linear.py`` and
+    ``vocab_parallel_embedding.py``; only the small norms are kept whole on every rank.  So a
+    card holds about 1/size of the weights, rounded up.  What each rank keeps besides
+    (activations, graphs, the sampler's buffers) is ``runtime_overhead``, counted whole on
+    every card.
+    """
+    if spec.weights_bytes is None:
+        return None
+    return -(-spec.weights_bytes // size)
+
+
 def _build_plan(
     conf: Mapping[str, object],
     spec: ModelSpec,
@@ -193,15 +224,21 @@ def _build_plan(
     The full plan and every rung of the ladder are built here, so each is a complete and
     validated argument list (the weights against the share, the YaRN factor against the
     model's maximum, the memory cap, the address, the tool-call parser, the extra args).
+    Over a pool (``vllm_tensor_parallel_size`` above 1) each card's share holds its shard of
+    the weights (:func:`weights_per_card`).
     """
-    if spec.weights_bytes is not None:
+    size = _tensor_parallel_size(conf)
+    weights = weights_per_card(spec, size)
+    if weights is not None:
         share = int(card * Fraction(str(utilization)))
-        if spec.weights_bytes >= share:
+        if weights >= share:
+            shard = "" if size == 1 else f", {human_size(weights)} on each of {size} cards"
             raise VllmTuningError(
                 f"vllm_model: the weights of {spec.name} (about "
-                f"{human_size(spec.weights_bytes)}) do not fit the {human_size(share)} vLLM "
-                f"may claim ({utilization:.2f} of {human_size(card)}), leaving nothing for "
-                "the KV cache; pick a smaller or quantised model, or lower vllm_reservations"
+                f"{human_size(spec.weights_bytes or 0)}{shard}) do not fit the "
+                f"{human_size(share)} vLLM may claim ({utilization:.2f} of {human_size(card)}), "
+                "leaving nothing for the KV cache; pick a smaller or quantised model, or lower "
+                "vllm_reservations"
             )
     # the settings' own checks first, then the context, which also reads the host's config.json
     memory_limit = vllm_memory_cap(spec, conf["vllm_memory_limit"])
@@ -342,6 +379,8 @@ def vllm_plan_ladder(settings: object) -> list[dict[str, object]]:
         need = weights + runtime_overhead + kv_bytes_per_token * c * vllm_ladder_sequences
         utilisation = need / card, rounded up to hundredths
 
+    where ``weights`` is one card's shard over a pool (:func:`weights_per_card`; the KV term
+    is kept whole, an upper bound where the KV heads split across the ranks too)
     so its KV cache holds ``vllm_ladder_sequences`` sequences of its full length.  A rung
     whose utilisation is not below the previous kept rung's is dropped: it would start in no
     less memory.  Each rung is built like the full plan (:func:`_build_plan`): its own
@@ -375,18 +414,15 @@ def vllm_plan_ladder(settings: object) -> list[dict[str, object]]:
     )
     headroom = parse_size(conf["vllm_driver_headroom"], "vllm_driver_headroom", allow_zero=True)
     ladder = [{**_rung(full, 0, card, utilization, target), "driver_headroom_bytes": headroom}]
-    if spec.kv_bytes_per_token is None or spec.weights_bytes is None:
+    weights = weights_per_card(spec, _tensor_parallel_size(conf))
+    if spec.kv_bytes_per_token is None or weights is None:
         return ladder
 
     # target - step, target - 2 * step, ... while above the floor, then the floor itself
     contexts = chain(range(target - step, floor, -step), [floor] if floor < target else [])
     previous = Fraction(str(utilization))
     for context in contexts:
-        need = (
-            spec.weights_bytes
-            + spec.runtime_overhead_bytes
-            + spec.kv_bytes_per_token * context * sequences
-        )
+        need = weights + spec.runtime_overhead_bytes + spec.kv_bytes_per_token * context * sequences
         hundredths = _ceil_hundredths(need, card)
         if Fraction(hundredths, 100) >= previous:
             continue

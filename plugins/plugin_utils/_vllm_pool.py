@@ -10,6 +10,8 @@ The pool is the cards ``xe_driver_card_jobs`` gives job ``llm`` (the xe_driver r
   ``vllm_reservations`` whose ``pdev`` names it; one without ``pdev`` sits on the card that
   takes transcodes) and the tightest card's share is taken, since vLLM applies one share to
   every card of its pool;
+* the weights are checked, and the ladder's rungs sized, with each card's shard of the weights
+  (``_vllm_plan.weights_per_card``), not the whole model on one card;
 * the container gets exactly the pool's render nodes by PCI path
   (``/dev/dri/by-path/pci-<address>-render``), never ``renderD<N>``, whose numbers move
   between boots.  Intel's compute runtime enumerates the cards from that directory.
@@ -191,7 +193,7 @@ def pool_plan(settings: object) -> dict[str, object]:
         _reservations_by_card(conf, [])  # refuses a pdev on a one-card host
         return vllm_plan(conf)
     tight, shares = _tightest(conf)
-    plan = vllm_plan(tight)
+    plan = vllm_plan({**tight, "vllm_tensor_parallel_size": len(shares)})
     return {
         **plan,
         "args": _with_tp(plan["args"], len(shares)),
@@ -212,5 +214,5 @@ def pool_ladder(settings: object) -> list[dict[str, object]]:
     tight, shares = _tightest(conf)
     return [
         {**rung, "args": _with_tp(rung["args"], len(shares)), "tensor_parallel_size": len(shares)}
-        for rung in vllm_plan_ladder(tight)
+        for rung in vllm_plan_ladder({**tight, "vllm_tensor_parallel_size": len(shares)})
     ]

@@ -53,6 +53,10 @@ class Config:
     # the fleet view the patient proxy serves (which box serves, each box's mode): the status
     # page links to it; "": no link
     fleet_view_url: str = ""
+    # this box's name in the proxy's boxes (a fleet): its in-flight requests and last request
+    # times are read from its own entry of /proxy/state, the held requests fleet-wide; "": the
+    # proxy's totals (one box)
+    proxy_box: str = ""
     card_scan_argv: tuple[str, ...] = ()
     card_data_max_age_seconds: float = 120.0
     # the card the arbiter trades (its PCI address, as drm-pdev and sysfs print it); None:
@@ -237,6 +241,7 @@ _KNOWN = (
         "docker_socket",
         "proxy_url",
         "fleet_view_url",
+        "proxy_box",
         "card_scan_argv",
         "vllm_api_key_file",
         "llm_client_names",
@@ -547,6 +552,16 @@ def parse_config(raw: Any) -> Config:
                 'set it to the fleet view\'s http:// or https:// URL, or "" for no link',
             )
         kwargs["fleet_view_url"] = fleet
+    box = raw.get("proxy_box", "")
+    if box != "":
+        if not isinstance(box, str) or box.strip() != box or raw.get("proxy_url") is None:
+            raise _err(
+                "proxy_box",
+                box,
+                "set it to this box's name in the proxy's boxes (with proxy_url the fleet "
+                'proxy\'s URL), or "" for a proxy of one box',
+            )
+        kwargs["proxy_box"] = box
     for key in ("docker_socket", "listen_host"):
         if key in raw:
             if not isinstance(raw[key], str) or not raw[key]:

@@ -251,7 +251,7 @@ class Engine:
             return None, None
         seen: tuple[ProxyState | None, str | None]
         try:
-            seen = parse_proxy_state(await self.proxy.state()), None
+            seen = parse_proxy_state(await self.proxy.state(), self.config.proxy_box), None
         except (Unavailable, Rejected, ValueError) as exc:
             seen = None, str(exc)
         self.proxy_seen = (self.clock.monotonic(), self.clock.now(), *seen)

@@ -177,7 +177,7 @@ class Reclaim:
                     self.alerts.drop(alert)
                     cards = f" on {', '.join(p for p, _ in view.cards)}" if view.cards else ""
                     return Result(Outcome.OK, f"{', '.join(names)} hold no VRAM any more{cards}")
-                last = (
+                now = (
                     "; ".join(
                         f"{', '.join(names)} still hold {size / 2**30:.1f} GiB"
                         + ("" if pdev is None else f" on {where(pdev)}")
@@ -186,6 +186,10 @@ class Reclaim:
                     if view.scanned_at >= since
                     else "card data not refreshed since the stop"
                 )
+                if now != last and view.scanned_at >= since:
+                    # what the wait is on, each time it changes (a pool card slower than the rest)
+                    log.info("waiting for the release: %s", now)
+                last = now
             except CardDataError as exc:
                 last = str(exc)
             if self.clock.monotonic() >= deadline:

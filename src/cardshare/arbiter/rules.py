@@ -92,19 +92,32 @@ class ProxyState:
     last_request_finished: float | None = None
 
 
-def parse_proxy_state(doc: Any) -> ProxyState:
+def parse_proxy_state(doc: Any, box: str = "") -> ProxyState:
+    """The proxy's ``/proxy/state``; with ``box`` (a fleet's proxy), that box's own in-flight
+    requests and request times from its entry of ``boxes``, the held requests fleet-wide (a
+    held request waits for any box that serves its model)."""
     if not isinstance(doc, dict):
         raise ValueError(f"proxy state must be a JSON object, got {type(doc).__name__}")
+    own: dict[str, Any] = doc
+    if box and doc.get("boxes") is not None:
+        boxes = doc["boxes"]
+        if not isinstance(boxes, list) or not all(isinstance(b, dict) for b in boxes):
+            raise ValueError(f"proxy state boxes is {boxes!r}, expected a list of objects")
+        entry = next((b for b in boxes if b.get("name") == box), None)
+        if entry is None:
+            names = ", ".join(str(b.get("name")) for b in boxes)
+            raise ValueError(f"the proxy lists no box {box!r} (its boxes: {names})")
+        own = entry
 
-    def num(key: str) -> float | None:
-        value = doc.get(key)
+    def num(key: str, src: dict[str, Any] = doc) -> float | None:
+        value = src.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"proxy state {key} is {value!r}, expected a number or null")
         return float(value)
 
-    in_flight = num("in_flight")
+    in_flight = num("in_flight", own)
     held = num("held")
     if in_flight is None or held is None:
         raise ValueError("proxy state lacks in_flight or held")
@@ -112,8 +125,8 @@ def parse_proxy_state(doc: Any) -> ProxyState:
         in_flight=int(in_flight),
         held=int(held),
         oldest_held_seconds=num("oldest_held_seconds"),
-        last_request_started=num("last_request_started"),
-        last_request_finished=num("last_request_finished"),
+        last_request_started=num("last_request_started", own),
+        last_request_finished=num("last_request_finished", own),
     )
 
 

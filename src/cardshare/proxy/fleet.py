@@ -51,6 +51,10 @@ class BoxState:
     in_flight: int = 0
     #: Requests sent to it since the start.
     routed: int = 0
+    #: Unix times of the last request routed to it and of the last that ended there (its
+    #: arbiter reads them as the box's own idle clock).
+    last_request_started: float | None = None
+    last_request_finished: float | None = None
     #: Why its vLLM last refused a connection; cleared by its arbiter's next good answer.
     upstream_error: str | None = None
     #: The ``Authorization`` sent to its vLLM (its own key), None for none.

@@ -13,6 +13,8 @@ With ``boxes`` (a fleet, :mod:`cardshare.proxy.fleet`) a request is held on its 
 box is in rotation; once a box is, its body is read for its ``model``, and it goes to a box
 serving that model, or is held again (its body then in memory, counted in
 ``held_body_bytes``) until one comes back. A model no box lists is answered 404 at once.
+``GET /v1/models`` merges the lists of the boxes in rotation, so an agent sees every model it
+can ask for now.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class _Route:
         self.box.in_flight -= 1
         box.in_flight += 1
         box.routed += 1
+        box.last_request_started = self.box.last_request_started
         self.box = box
 
 
@@ -266,6 +269,8 @@ class Proxy:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO_HEADERS,
+            # the upstream's cookies go to the client that got them, never to another agent
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         poll_timeout = max(1.0, min(5.0, 2 * cfg.mode_poll_seconds))
         self._arbiter_session = aiohttp.ClientSession(
@@ -393,6 +398,8 @@ class Proxy:
             "models": list(b.box.models),
             "weight": b.box.weight,
             "routed": b.routed,
+            "last_request_started": b.last_request_started,
+            "last_request_finished": b.last_request_finished,
         }
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -541,6 +548,10 @@ class Proxy:
         if not self.is_fleet:
             return await self._forward(request, body, arrived, self.boxes[0], None)
         model = request_model(body)
+        if model is None and request.method == "GET" and request.path == "/v1/models":
+            merged = await self._models_of_fleet(request)
+            if merged is not None:
+                return merged
         if not known_model(self.boxes, model):
             served = sorted({m for b in self.boxes for m in b.box.models})
             msg = rules.unknown_model_message(str(model), served)
@@ -556,7 +567,7 @@ class Proxy:
             if rules.admit(mode, len(self.queue), cfg.hold_max_requests) is not rules.Action.HOLD:
                 msg = rules.count_message(mode, cfg.hold_max_requests, cfg.retry_after_seconds)
                 return self._error(503, msg, "hold_queue_full", "rejected_count")
-            refused = await self._hold(request, arrived, model, len(body))
+            refused = await self._hold(request, arrived, model, len(body), self.clock())
             if refused is not None:
                 return refused
         return await self._forward(request, body, arrived, box, model)
@@ -567,6 +578,7 @@ class Proxy:
         arrived: float,
         model: str | None = None,
         body_bytes: int | None = None,
+        again: float | None = None,
     ) -> web.StreamResponse | None:
         """Wait for ``llm``; None once released, else the answer to give (or client gone).
 
@@ -574,6 +586,10 @@ class Proxy:
         for a body of up to 2 x :data:`READ_BUFSIZE` (128 KiB); for a larger one aiohttp may
         have stopped reading the socket, and then the departure shows only when the request
         leaves the queue (released, or at ``hold_max_seconds``).
+
+        A fleet's request released and held again for its model (``model``) has its body read
+        (``body_bytes``) and its second hold's start (``again``), from which that hold's time
+        is counted in ``hold_seconds``.
         """
         cfg = self.config
         stream = request.content
@@ -609,7 +625,44 @@ class Proxy:
             raise
         finally:
             self.queue.remove(held)
-            self.counters.hold_seconds.observe(self.clock() - arrived)
+            # a fleet's request held again for its model counts each hold's own time
+            self.counters.hold_seconds.observe(self.clock() - (arrived if again is None else again))
+
+    async def _models_of_fleet(self, request: web.Request) -> web.Response | None:
+        """``GET /v1/models`` of a fleet: the lists of every box in rotation, merged (a model
+        on two boxes once, as the first lists it); None when fewer than two boxes answer (the
+        request then goes to one box as any other)."""
+        assert self._session is not None
+        boxes = [b for b in self.boxes if b.in_rotation(True)]
+        if len(boxes) < 2:
+            return None
+
+        async def one(box: BoxState) -> list[Any] | None:
+            assert self._session is not None
+            headers = {"Authorization": box.upstream_auth} if box.upstream_auth else {}
+            url = box.box.upstream_url.rstrip("/") + "/v1/models"
+            try:
+                async with self._session.get(
+                    url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    doc = await resp.json(content_type=None) if resp.status == 200 else None
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                return None
+            data = doc.get("data") if isinstance(doc, dict) else None
+            return data if isinstance(data, list) else None
+
+        lists = [d for d in await asyncio.gather(*(one(b) for b in boxes)) if d is not None]
+        if len(lists) < 2:
+            return None
+        seen: set[str] = set()
+        merged: list[Any] = []
+        for entry in (e for data in lists for e in data):
+            ident = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(ident, str) and ident not in seen:
+                seen.add(ident)
+                merged.append(entry)
+        self.counters.count("forwarded")
+        return web.json_response({"object": "list", "data": merged})
 
     def _retry_box(self, model: str | None, current: BoxState) -> BoxState:
         """The box to try again after a wait: one in rotation, else one whose arbiter says
@@ -696,6 +749,7 @@ class Proxy:
         self.connecting += 1
         box.in_flight += 1
         box.routed += 1
+        box.last_request_started = self.wall()
         route = _Route(box)
         try:
             try:
@@ -711,6 +765,7 @@ class Proxy:
         finally:
             self.in_flight -= 1
             route.box.in_flight -= 1
+            route.box.last_request_finished = self.wall()
 
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse

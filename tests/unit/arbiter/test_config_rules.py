@@ -120,6 +120,16 @@ def test_config_defaults() -> None:
             "with one GPU",
         ),
         (
+            {"proxy_box": "box-a"},
+            "config key 'proxy_box' has value 'box-a': set it to this box's name in the "
+            "proxy's boxes (with proxy_url the fleet proxy's URL), or \"\" for a proxy of one box",
+        ),
+        (
+            {"proxy_url": "http://127.0.0.1:8080", "proxy_box": 7},
+            "config key 'proxy_box' has value 7: set it to this box's name in the proxy's "
+            'boxes (with proxy_url the fleet proxy\'s URL), or "" for a proxy of one box',
+        ),
+        (
             {"idle_secs": 60},
             "config key 'idle_secs' has value 60: remove it (unknown key; check its spelling)",
         ),

@@ -10,6 +10,7 @@ pool; a pool card's foreign client is named with its card.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +287,7 @@ def pool_engine(tmp_path: Path, world: World, card: PoolCard, **overrides: Any) 
 
 
 async def test_a_swap_waits_until_both_pool_cards_released_vllm_s_memory(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     world = World(FakeClock())
     card = PoolCard(world)
@@ -295,10 +296,16 @@ async def test_a_swap_waits_until_both_pool_cards_released_vllm_s_memory(
     engine.submit_job(WORKFLOW, {"in.png": PNG})
     await run_until(engine, lambda e: e.state.phase is Phase.WAIT_LLM_RELEASE)
     stopped = world.llm.finished
+    caplog.set_level(logging.INFO, logger="cardshare.arbiter")
     await run_until(engine, lambda e: e.state.phase is not Phase.WAIT_LLM_RELEASE)
     assert engine.state.phase is Phase.START_IMAGE
     # ComfyUI starts only once the second card showed vLLM's memory gone
     assert world.clock.now() >= stopped + 6.0
+    # the log says what the wait is on, once, naming the card that still holds vLLM's memory
+    waits = [r.getMessage() for r in caplog.records if "waiting for the release" in r.getMessage()]
+    assert waits == [
+        "waiting for the release: vllm/vllm still hold 27.0 GiB on pool card 0000:04:00.0"
+    ]
     assert "llm_release_timeout" not in engine.alerts
     await run_until(engine, lambda e: e.mode is Mode.LLM and e.store.queue_length() == 0)
     swaps = engine.store.swaps(2)

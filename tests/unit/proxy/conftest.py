@@ -76,6 +76,8 @@ class FakeUpstream:
     seen: list[dict[str, Any]] = field(default_factory=list)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     runner: web.AppRunner | None = None
+    #: What ``GET /v1/models`` lists (vLLM's shape: its --served-model-name).
+    models: list[str] = field(default_factory=lambda: ["fake-model"])
 
     @property
     def url(self) -> str:
@@ -96,6 +98,25 @@ class FakeUpstream:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m,
+                        "object": "model",
+                        "created": 1700000000,
+                        "owned_by": "vllm",
+                        "root": f"/models/{m}",
+                        "parent": None,
+                        "max_model_len": 8192,
+                    }
+                    for m in self.models
+                ],
+            }
+        )
 
     async def echo(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -151,6 +172,7 @@ class FakeUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_route("*", "/v1/echo", self.echo)
+        app.router.add_get("/v1/models", self.list_models)
         app.router.add_post("/v1/size", self.size)
         app.router.add_post("/v1/dead", self.dead)
         app.router.add_post("/v1/broken", self.broken)

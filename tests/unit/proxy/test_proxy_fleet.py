@@ -25,6 +25,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from cardshare.arbiter.rules import parse_proxy_state
+
 from .conftest import FakeArbiter, FakeUpstream, free_port, wait_for
 
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -128,7 +130,11 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
     fleets: list[Fleet] = []
     started: list[FleetBox] = []
 
-    async def factory(models: dict[str, list[str]] | None = None, **settings: Any) -> Fleet:
+    async def factory(
+        models: dict[str, list[str]] | None = None,
+        box_settings: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> Fleet:
         models = models or {"a": ["m"], "b": ["m"]}
         boxes = {}
         for name, served in models.items():
@@ -142,7 +148,9 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
             "listen_port": port,
             "mode_poll_seconds": 0.05,
             "hold_max_seconds": 30.0,
-            "boxes": [b.config() for b in boxes.values()],
+            "boxes": [
+                {**b.config(), **(box_settings or {}).get(b.name, {})} for b in boxes.values()
+            ],
             **settings,
         }
         path = tmp_path / "proxy.json"
@@ -154,7 +162,10 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
             "cardshare.proxy",
             "--config",
             str(path),
-            env={**os.environ, "PYTHONPATH": str(SRC)},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.getenv("PYTHONPATH")])),
+            },
             stderr=log.open("wb"),
         )
         fleet = Fleet(f"http://127.0.0.1:{port}", boxes, aiohttp.ClientSession(), process, log)
@@ -184,6 +195,8 @@ async def make_fleet(tmp_path: Path) -> AsyncIterator[FleetFactory]:
 
 async def test_requests_spread_over_two_boxes(make_fleet: FleetFactory) -> None:
     fleet = await make_fleet()
+    # the proxy says which event loop it runs on (uvloop's where installed)
+    assert "event loop: " in fleet.log.read_text()
     for _ in range(6):
         status, doc = await fleet.post("m")
         assert (status, doc["object"]) == (200, "chat.completion")
@@ -383,6 +396,36 @@ async def test_state_and_metrics_per_box(make_fleet: FleetFactory) -> None:
     assert per_box("cardshare_proxy_mode")[("llm",)] == 1.0
 
 
+async def test_each_boxs_arbiter_reads_its_own_requests(make_fleet: FleetFactory) -> None:
+    """A box's arbiter judges its own box idle: a stream in flight on box a keeps a busy and
+    leaves b free to lend its card (the fleet's totals would hold both); held requests count
+    fleet-wide, as a held request waits for any box."""
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2"]})
+    async with fleet.client.post(
+        fleet.url + "/v1/chat/completions",
+        json={**CHAT, "model": "m1", "stream": True, "gated": True},
+    ) as resp:
+        assert (await resp.content.readline()).startswith(b"data: ")
+        state = await fleet.state()
+        a, b, total = (parse_proxy_state(state, n) for n in ("a", "b", ""))
+        assert (total.in_flight, a.in_flight, b.in_flight) == (1, 1, 0)
+        assert total.last_request_started is not None
+        assert a.last_request_started == state["boxes"][0]["last_request_started"]
+        assert a.last_request_started is not None and a.last_request_finished is None
+        assert (b.last_request_started, b.last_request_finished) == (None, None)
+        fleet.boxes["a"].upstream.gate.set()
+        await resp.read()
+    await fleet.until("a", lambda s: s["in_flight"] == 0, "idle")
+    a = parse_proxy_state(await fleet.state(), "a")
+    assert a.last_request_finished is not None and a.last_request_started is not None
+    assert a.last_request_finished >= a.last_request_started
+    with pytest.raises(ValueError, match=r"the proxy lists no box 'c' \(its boxes: a, b\)"):
+        parse_proxy_state(state, "c")
+    # a proxy of one box has no boxes: a named box reads the totals
+    single = {k: v for k, v in state.items() if k != "boxes"}
+    assert parse_proxy_state(single, "a").in_flight == 1
+
+
 async def test_openai_client_through_two_boxes(make_fleet: FleetFactory) -> None:
     fleet = await make_fleet()
     client = openai.AsyncOpenAI(base_url=fleet.url + "/v1", api_key="unused", max_retries=0)
@@ -467,3 +510,90 @@ async def test_fleet_view_at_390_px(make_fleet: FleetFactory) -> None:
     # both boxes, their modes, on a phone's first screen
     assert seen["boxes"][1]["bottom"] <= seen["innerHeight"], seen
     assert "image" in seen["boxes"][1]["text"] and "llm" in seen["boxes"][0]["text"]
+
+
+async def test_models_of_the_fleet_merged(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2", "m1"]})
+    fleet.boxes["a"].upstream.models = ["m1"]
+    fleet.boxes["b"].upstream.models = ["m2", "m1"]
+
+    async def listed() -> list[str]:
+        async with fleet.client.get(fleet.url + "/v1/models") as resp:
+            assert resp.status == 200
+            doc = await resp.json()
+        assert doc["object"] == "list"
+        assert all(e["object"] == "model" for e in doc["data"])
+        return [e["id"] for e in doc["data"]]
+
+    assert await listed() == ["m1", "m2"]
+    # a box out of rotation: its models are not offered; one box left answers alone
+    await fleet.set_mode("b", "image")
+    assert await listed() == ["m1"]
+    # none in rotation: held until one comes back, as any request
+    await fleet.set_mode("a", "swapping")
+    task = asyncio.ensure_future(listed())
+    await wait_for_state(fleet, lambda s: s["held"] == 1, "the list held")
+    await fleet.set_mode("b", "llm")
+    assert await task == ["m2", "m1"]
+
+
+async def test_no_retry_once_the_answer_has_started(make_fleet: FleetFactory) -> None:
+    # a box breaks off a stream after its first chunk: the client's connection is cut (the
+    # only honest signal left), and the request is not sent to the other box
+    fleet = await make_fleet()
+    url = fleet.url + "/v1/broken"
+    for _ in range(2):  # idle boxes take turns: one request on each
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with fleet.client.post(url, json={**CHAT, "model": "m"}) as resp:
+                assert resp.status == 200
+                await resp.read()
+    a, b = (await fleet.state())["boxes"]
+    assert (a["routed"], b["routed"]) == (1, 1)
+    async with fleet.client.get(fleet.url + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert families["cardshare_proxy_box_failovers"].samples[0].value == 0
+
+
+async def test_a_request_held_twice_counts_its_time_once(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet({"a": ["m1"], "b": ["m2"]})
+    await fleet.set_mode("a", "image")
+    await fleet.set_mode("b", "image")
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    task = asyncio.ensure_future(fleet.post("m2"))
+    await wait_for_state(fleet, lambda s: s["held"] == 1, "held on its head")
+    await asyncio.sleep(0.5)
+    # a comes back: the request is released, its body read, and held again for m2
+    await fleet.set_mode("a", "llm")
+    await asyncio.sleep(0.5)
+    await fleet.set_mode("b", "llm")
+    assert (await task)[0] == 200
+    elapsed = loop.time() - sent
+    async with fleet.client.get(fleet.url + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    hold = {s.name: s.value for s in families["cardshare_proxy_hold_seconds"].samples}
+    # two holds, whose times add up to at most the request's whole wait
+    assert hold["cardshare_proxy_hold_seconds_count"] == 2
+    assert 1.0 <= hold["cardshare_proxy_hold_seconds_sum"] <= elapsed
+
+
+async def test_each_box_gets_its_own_key(make_fleet: FleetFactory, tmp_path: Path) -> None:
+    shared, own = tmp_path / "vllm-key", tmp_path / "vllm-key-b"
+    shared.write_text("shared-upstream-key\n")
+    own.write_text("b-upstream-key\n")
+    fleet = await make_fleet(
+        upstream_api_key_file=str(shared), box_settings={"b": {"api_key_file": str(own)}}
+    )
+    sent: dict[str, str] = {}
+    for _ in range(2):  # idle boxes take turns: one request on each
+        async with fleet.client.post(
+            fleet.url + "/v1/echo",
+            json={"model": "m"},
+            headers={"Authorization": "Bearer agent-key"},
+        ) as resp:
+            doc = await resp.json()
+        headers = {k.lower(): v for k, v in doc["headers"]}
+        host_port = int(headers["host"].rsplit(":", 1)[1])
+        name = next(n for n, b in fleet.boxes.items() if b.upstream.port == host_port)
+        sent[name] = headers["authorization"]
+    assert sent == {"a": "Bearer shared-upstream-key", "b": "Bearer b-upstream-key"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -336,3 +337,20 @@ async def test_stopping_answers_held_requests_at_once(make_stand: StandFactory) 
     assert (status, headers["Retry-After"], doc["error"]["code"]) == (503, "4", "proxy_stopping")
     assert doc["error"]["message"] == stopping_message(4)
     assert stand.proxy.counters.outcomes["rejected_stopping"] == 1
+
+
+async def test_upstream_cookies_are_not_kept_between_agents(make_stand: StandFactory) -> None:
+    # the upstream sets a cookie on its answer; the proxy passes it to that client and keeps
+    # none: a second agent's request reaches the upstream without it (by a host name: a
+    # cookie jar keeps no cookie of a bare IP address)
+    stand = await make_stand()
+    stand.proxy.boxes[0].box = replace(
+        stand.proxy.boxes[0].box, upstream_url=f"http://localhost:{stand.upstream.port}"
+    )
+    async with aiohttp.ClientSession() as first, aiohttp.ClientSession() as second:
+        async with first.get(stand.url + "/v1/echo") as resp:
+            assert resp.headers["Set-Cookie"] == "a=1"
+        async with second.get(stand.url + "/v1/echo") as resp:
+            doc = await resp.json()
+    sent = {k.lower() for k, _ in doc["headers"]}
+    assert "cookie" not in sent, doc["headers"]

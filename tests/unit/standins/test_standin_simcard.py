@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 import simcard
+import simcard_reaper
 from standin_testlib import PDEV, VRAM_TOTAL, parse_fdinfo
 
 CID = "a" * 64
@@ -358,3 +360,69 @@ def test_a_client_registers_on_the_card_it_is_given(
     finally:
         plex.close()
         vllm.close()
+
+
+# -- vLLM under tensor parallelism: one client per rank, each on its own pool card ---------------
+
+
+def _pdevs_of_clients(root: Path) -> dict[str, int]:
+    """Each card's resident VRAM as the recorder would read it from the clients' fdinfo."""
+    return {pdev: simcard.read_resident_vram(root, pdev) for pdev in (PDEV, B70_B, A380)}
+
+
+def test_a_tp2_vllm_stand_in_holds_memory_on_both_pool_cards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vllm_standin as vs  # the stand-in module beside simcard
+
+    root = _three_cards(tmp_path / "sim")
+    monkeypatch.setenv("CARDSHARE_SIM_ROOT", str(root))
+    monkeypatch.setattr(simcard, "own_container_id", lambda: "d" * 64)
+    env = {"CARDSHARE_SIM_CARD": f"{PDEV} {B70_B}"}
+    pool = vs.PoolClient(2, env, ["vllm", "serve", "m"], root=root)
+    assert [rank.card.pdev for rank in pool.ranks if rank.card] == [PDEV, B70_B]
+    assert pool.memory_error(0.9, forced=False) is None
+    # a rank whose card has too little free refuses as vLLM does, naming its device
+    other = simcard.SimClient("x", ["x"], root=root, container_id="c" * 64, choice=B70_B)
+    other.register(vram=20 << 30)
+    error = pool.memory_error(0.9, forced=False)
+    other.close()
+    assert error is not None and error.startswith("Free memory on device xpu:1 (12.0/32.0 GiB)")
+    pool.register(0.5)
+    try:
+        assert pool.registered
+        assert _pdevs_of_clients(root) == {PDEV: 16 << 30, B70_B: 16 << 30, A380: 0}
+        # the hold knob: one card's memory stays past the exit, until the reaper frees it
+        (root / "lab").mkdir()
+        (root / "lab" / "vllm-hold-card").write_text(f"{B70_B} 0.5\n")
+        pool.close(0.0)
+        assert _pdevs_of_clients(root) == {PDEV: 0, B70_B: 16 << 30, A380: 0}
+        assert not (root / "lab" / "vllm-hold-card").exists()
+
+        def gone(_container: str) -> bool:
+            return False  # the container stopped
+
+        assert simcard_reaper.reap(root, gone) == []  # held: kept while its time runs
+        time.sleep(0.6)
+        assert [reason for _pid, reason in simcard_reaper.reap(root, gone)] == [
+            "container dddddddddddd is not running"
+        ]
+        assert _pdevs_of_clients(root) == {PDEV: 0, B70_B: 0, A380: 0}
+    finally:
+        pool.close(0.0)
+
+
+def test_tp2_without_named_cards_takes_the_first_two_and_refuses_too_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vllm_standin as vs
+
+    root = _three_cards(tmp_path / "sim")
+    pool = vs.PoolClient(2, {}, ["vllm"], root=root)
+    assert [rank.card.pdev for rank in pool.ranks if rank.card] == [PDEV, B70_B]
+    assert simcard.card_choices({"CARDSHARE_SIM_CARD": f"{A380}, renderD129"}) == [
+        A380,
+        "renderD129",
+    ]
+    with pytest.raises(vs.StartupError, match=r"--tensor-parallel-size 2 needs 2 cards, but"):
+        vs.PoolClient(2, {"CARDSHARE_SIM_CARD": A380}, ["vllm"], root=root)

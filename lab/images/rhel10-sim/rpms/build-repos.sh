@@ -25,7 +25,11 @@ grep -v '^#' "$here/kernels.txt" | while IFS= read -r line; do
     for id in $(echo "$ids" | tr ',' ' '); do
       echo "alias pci:v00008086d0000${id}sv*sd*bc03sc*i* xe"
     done
-    # a few DG2 ids that belong to i915, as in a real table
+    # a few DG2 ids (the Arc A380's 56A5 among them): xe lists them too, as 6.12's xe_pci.c
+    # does, but drives them only when force-probed (the lab's boot); i915 takes them otherwise
+    for id in 56A0 56A1 56A5 56A6; do
+      echo "alias pci:v00008086d0000${id}sv*sd*bc03sc*i* xe"
+    done
     for id in 56A0 56A1 56A5 56A6; do
       echo "alias pci:v00008086d0000${id}sv*sd*bc03sc*i* i915"
     done

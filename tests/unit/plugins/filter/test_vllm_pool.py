@@ -127,11 +127,55 @@ def test_every_rung_of_the_ladder_carries_the_pool() -> None:
     settings = POOL | {"vllm_reservations": [PLEX, _retrieval(B70_A), _desk(B70_B)]}
     ladder = pool_ladder(settings)
     alone = vllm_plan_ladder(BASE | {"vllm_reservations": [_retrieval(B70_A)]})
-    assert len(ladder) == len(alone) > 1
-    for rung, single in zip(ladder, alone, strict=True):
+    assert len(ladder) > 1
+    assert ladder[0]["reservation_bytes"] == alone[0]["reservation_bytes"]
+    for rung in ladder:
         assert _args_after(rung["args"], "--tensor-parallel-size") == "2"
-        assert rung["reservation_bytes"] == single["reservation_bytes"]
         assert rung["tensor_parallel_size"] == 2
+
+
+GIB = 2**30
+# test data: a model whose weights fill more than one B70, as Qwen3-32B-AWQ's entry otherwise
+BIG = DEFAULTS["vllm_model_catalog"]["Qwen3-32B-AWQ"] | {"weights": "40GiB"}
+BIG_SETTINGS = {
+    "vllm_model": "Big-40G",
+    "vllm_model_catalog_extra": {"Big-40G": BIG},
+    # no tenant shares a pool card: the driver's headroom alone (the README's poolbox)
+    "vllm_gpu_memory_utilization_max": 0.97,
+}
+
+
+def test_the_weights_are_checked_per_card_under_tp() -> None:
+    """Under TP=2 each card holds half the weights: 40 GiB fits two B70s, not one."""
+    with pytest.raises(VllmTuningError, match=r"the weights of Big-40G \(about 40 GiB\) do not"):
+        pool_plan(BASE | BIG_SETTINGS)
+    plan = pool_plan(POOL | BIG_SETTINGS | {"vllm_reservations": [PLEX]})
+    assert plan["tensor_parallel_size"] == 2
+    assert plan["gpu_memory_utilization"] == 0.97
+    # a pool of two still refuses weights whose half fills a card, and says so
+    huge = BIG_SETTINGS | {"vllm_model_catalog_extra": {"Big-40G": BIG | {"weights": "64GiB"}}}
+    with pytest.raises(VllmTuningError, match=r"\(about 64 GiB, 32 GiB on each of 2 cards\)"):
+        pool_plan(POOL | huge)
+
+
+def test_the_ladder_sizes_each_rung_with_one_card_s_shard_of_the_weights() -> None:
+    """A rung of c tokens needs weights / 2 + overhead + KV on each card of a TP=2 pool."""
+    settings = POOL | {
+        "vllm_model": "Qwen3-32B-AWQ",
+        "vllm_reservations": [PLEX],
+        "vllm_gpu_memory_utilization_max": 0.97,
+    }
+    ladder = pool_ladder(settings)
+    spec = DEFAULTS["vllm_model_catalog"]["Qwen3-32B-AWQ"]
+    weights, kv = 19 * GIB, 256 * 1024
+    assert (spec["weights"], spec["kv_bytes_per_token"]) == ("19GiB", "256KiB")
+    card, sequences = 32 * GIB, BASE["vllm_ladder_sequences"]
+    assert len(ladder) > 1
+    for rung in ladder[1:]:
+        need = -(-weights // 2) + GIB + kv * rung["max_model_len"] * sequences  # 1 GiB: overhead
+        assert rung["gpu_memory_utilization"] == -(-100 * need // card) / 100, rung["rung"]
+    # one card holding the whole model leaves no smaller plan at all: 19 + 1 + 16 GiB at 32k
+    assert len(vllm_plan_ladder(BASE | {"vllm_model": "Qwen3-32B-AWQ"})) == 1
 
 
 @pytest.mark.parametrize(
