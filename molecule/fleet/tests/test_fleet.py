@@ -174,6 +174,12 @@ def test_the_proxy_routes_over_both_boxes_with_their_keys() -> None:
     assert boxes[B]["upstream_url"] == f"http://{address(B)}:8000"
     assert boxes[B]["arbiter_url"] == f"http://{address(B)}:8090"
     assert {box["models"][0] for box in boxes.values()} == {MODEL}
+    # each box's arbiter judges its own requests at the fleet's proxy (its entry there)
+    for box, url in ((A, "http://127.0.0.1:8080"), (B, f"http://{address(A)}:8080")):
+        arbiter = json.loads(
+            on(box, "docker", "exec", "arbiter-arbiter-1", "cat", "/etc/cardshare/arbiter.json")
+        )
+        assert (arbiter["proxy_url"], arbiter["proxy_box"]) == (url, box)
     # fleet-b's key, copied to the proxy's host (private), is the key fleet-b's vLLM takes
     copied = on(A, "stat", "-c", "%a %U", f"/etc/cardshare/fleet-keys/{B}").split()
     assert copied == ["600", "root"]

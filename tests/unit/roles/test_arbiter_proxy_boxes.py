@@ -85,7 +85,17 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         [],
     ),
     # the fleet: the proxy on fleet-a, fleet-b a box beyond it
-    ("fleet-a", {**BOX, "arbiter_proxy_fleet_group": "fleet", "arbiter_box_weight": 3}, []),
+    (
+        "fleet-a",
+        {
+            **BOX,
+            "arbiter_proxy_fleet_group": "fleet",
+            "arbiter_box_weight": 3,
+            "arbiter_proxy_listen_address": "0.0.0.0",
+            "arbiter_proxy_keys_file": "/etc/cardshare/proxy-keys/keys",
+        },
+        [],
+    ),
     ("fleet-b", {**BOX, "arbiter_box_address": "10.0.0.2"}, []),
     (
         "twice",
@@ -123,9 +133,9 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "both",
-        {"arbiter_proxy_boxes": [B], "arbiter_proxy_fleet_group": "fleet"},
+        {"arbiter_proxy_boxes": [B], "arbiter_proxy_fleet_group": "other"},
         [
-            "arbiter_proxy_boxes lists 1 boxes and arbiter_proxy_fleet_group is 'fleet'",
+            "arbiter_proxy_boxes lists 1 boxes and arbiter_proxy_fleet_group is 'other'",
             "give the boxes one way",
         ],
     ),
@@ -277,3 +287,18 @@ def test_the_status_page_links_to_the_fleet_view(outcomes: dict[str, Any]) -> No
     assert parse_config(outcomes["fleet-view"]["arbiter_config"]).fleet_view_url == url
     # no link, no key: a single box's config as before
     assert "fleet_view_url" not in outcomes["single"]["arbiter_config"]
+
+
+def test_each_box_of_the_group_judges_its_own_requests_at_the_fleet_proxy(
+    outcomes: dict[str, Any],
+) -> None:
+    # the proxy's host: its own proxy, its own entry
+    own = outcomes["fleet-a"]["arbiter_config"]
+    assert (own["proxy_url"], own["proxy_box"]) == ("http://127.0.0.1:8080", "fleet-a")
+    # another box: the fleet's proxy by its host's address, its own entry
+    other = outcomes["fleet-b"]["arbiter_config"]
+    assert (other["proxy_url"], other["proxy_box"]) == ("http://fleet-a:8080", "fleet-b")
+    assert parse_config(other).proxy_box == "fleet-b"
+    # the group whose proxy listens on loopback only: the other box keeps its own proxy
+    assert "proxy_box" not in outcomes["loopy-b"]["arbiter_config"]
+    assert "proxy_box" not in outcomes["single"]["arbiter_config"]
