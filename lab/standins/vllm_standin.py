@@ -25,6 +25,11 @@ OpenAI-shaped API with canned text:
   ones get the real 500 body, ``/health`` 503, for ``STANDIN_ENGINE_DEATH_SECONDS`` (0.2); then
   the port refuses connections and the process exits ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8)
   after the death, printing the real server's log of that, as the recorded real API server.
+* vLLM's own keys (``--api-key KEY [KEY ...]``, else ``VLLM_API_KEY``; none: open), as its
+  ``AuthenticationMiddleware`` (``vllm/entrypoints/openai/api_server.py``): every path under
+  ``/v1`` (unknown ones too) needs ``Authorization: Bearer <one of the keys>`` (the scheme in
+  any case) and answers 401 ``{"error":"Unauthorized"}`` without it; ``/health``, ``/ping``,
+  ``/metrics``, ``/version``, ``/tokenize`` and ``/detokenize`` stay open.
 * a client-aborted request is not counted in ``vllm:request_success_total``; a body whose
   ``Content-Type`` is not ``application/json`` gets vLLM's 400.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
@@ -73,6 +78,8 @@ card's free memory at start, and fewer cards than N is an error.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -262,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--disable-sliding-window", action="store_true")
     parser.add_argument("--disable-log-requests", action="store_true")
     parser.add_argument("--distributed-executor-backend", default=None)
-    parser.add_argument("--api-key", default=None)
+    # several keys may be given; any of them is let in (vLLM's AuthenticationMiddleware)
+    parser.add_argument("--api-key", nargs="+", default=None)
     # the stand-in's own knob (not vLLM's): which generation's start rules apply
     parser.add_argument("--vllm-rules", default=None)
     _bool_flag(parser, "--enable-prefix-caching")
@@ -439,7 +447,8 @@ class Settings:
     token_seconds: float
     load_seconds: float
     release_seconds: float
-    api_key: str | None = None
+    # vLLM's own keys (--api-key, else VLLM_API_KEY); empty: no key asked
+    api_keys: tuple[str, ...] = ()
     argv: tuple[str, ...] = field(default=())
     read_weights: bool = False
     rules: str = RULES_PRE
@@ -490,7 +499,8 @@ def prepare(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         token_seconds=float(env.get("STANDIN_TOKEN_SECONDS", "0.01")),
         load_seconds=float(env.get("STANDIN_LOAD_SECONDS", "2")),
         release_seconds=float(env.get("STANDIN_RELEASE_SECONDS", "1")),
-        api_key=args.api_key or env.get("VLLM_API_KEY") or None,
+        # as vLLM's build_app: --api-key wins over VLLM_API_KEY; empty keys are dropped
+        api_keys=tuple(k for k in (args.api_key or [env.get("VLLM_API_KEY", "")]) if k),
         argv=tuple(argv),
         read_weights=env.get("STANDIN_READ_WEIGHTS", "") in ("1", "true"),
         rules=rules,
@@ -767,6 +777,9 @@ ENGINE_DEAD_BODY = (
     b'root cause.","type":"InternalServerError","param":null,"code":500}}'
 )
 
+# vLLM's AuthenticationMiddleware's refusal (starlette's JSONResponse: compact JSON)
+UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
+
 
 class EngineDead(Exception):
     """The engine core died while a request ran."""
@@ -803,6 +816,9 @@ class VllmHandler(Handler):
 
     def do_GET(self) -> None:
         path = self.path_only
+        if not self._authorised(path):
+            self.send_bytes(401, UNAUTHORIZED_BODY, "application/json")
+            return
         if path in ("/health", "/ping"):
             self._health()
         elif path == "/v1/models":
@@ -824,6 +840,9 @@ class VllmHandler(Handler):
             body = b"Invalid HTTP request received."
             self.send_bytes(400, body, "text/plain; charset=utf-8", {"Connection": "close"})
             return
+        if not self._authorised(path):
+            self.send_bytes(401, UNAUTHORIZED_BODY, "application/json")
+            return
         if path == "/cardshare-sim/kill-engine":
             self.engine.kill()
             self.send_json(200, {"simulation": True, "engine": "dead"})
@@ -834,9 +853,6 @@ class VllmHandler(Handler):
         routes = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
         if path not in routes:
             self.send_json(404, {"detail": "Not Found"})
-            return
-        if path.startswith("/v1/") and not self._authorised():
-            self.send_json(401, {"error": "Unauthorized"})
             return
         media_type = self.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
         if media_type != "application/json":
@@ -920,9 +936,21 @@ class VllmHandler(Handler):
             },
         )
 
-    def _authorised(self) -> bool:
-        key = self.engine.settings.api_key
-        return key is None or self.headers.get("Authorization") == f"Bearer {key}"
+    def _authorised(self, path: str) -> bool:
+        """vLLM's AuthenticationMiddleware: with keys, a path under /v1 (before any routing,
+        so an unknown /v1 path is 401 too) needs ``Authorization: <bearer, any case> <key>``;
+        /health, /ping, /metrics, /version, /tokenize and the rest stay open."""
+        keys = self.engine.settings.api_keys
+        if not keys or not path.startswith("/v1"):
+            return True
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        given = hashlib.sha256(token.encode("utf-8")).digest()
+        found = False
+        for key in keys:
+            found |= hmac.compare_digest(given, hashlib.sha256(key.encode("utf-8")).digest())
+        return found
 
     def _models(self) -> None:
         settings = self.engine.settings

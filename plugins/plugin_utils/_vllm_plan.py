@@ -70,6 +70,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--served-model-name": "the served name comes from the catalog entry (served_name)",
     "--host": "set vllm_listen_address instead",
     "--port": "set vllm_port instead",
+    "--api-key": "set vllm_api_key_file instead (the key stays off the command line)",
     "--gpu-memory-utilization": "set vllm_gpu_memory_utilization or the reservations instead",
     "--max-model-len": "set vllm_context_target instead",
     "--hf-overrides": "YaRN is computed from vllm_context_target",

@@ -43,6 +43,9 @@ class Config:
     comfyui_url: str
     card_current_json: Path
     token_file: Path
+    # vLLM's own API key (its first line), sent as a bearer token with the one-token
+    # completion; None: vLLM takes no key
+    vllm_api_key_file: Path | None = None
     llm_container: ContainerRef = ContainerRef("vllm", "vllm")
     image_container: ContainerRef = ContainerRef("comfyui", "comfyui")
     docker_socket: str = "/var/run/docker.sock"
@@ -240,6 +243,7 @@ _KNOWN = (
         "fleet_view_url",
         "proxy_box",
         "card_scan_argv",
+        "vllm_api_key_file",
         "llm_client_names",
         "image_client_names",
         "resident_client_names",
@@ -491,6 +495,16 @@ def parse_config(raw: Any) -> Config:
                 "history_dir", history, "set it to the recorder's history directory (absolute)"
             )
         kwargs["history_dir"] = Path(history)
+    key_file = raw.get("vllm_api_key_file")
+    if key_file is not None:
+        if not isinstance(key_file, str) or not key_file.startswith("/"):
+            raise _err(
+                "vllm_api_key_file",
+                key_file,
+                "set it to the absolute path of vLLM's key file (the key on its first line), "
+                "or leave it out when vLLM takes no key",
+            )
+        kwargs["vllm_api_key_file"] = Path(key_file)
     recorder_json = raw.get("recorder_current_json")
     if recorder_json is not None:
         if not isinstance(recorder_json, str) or not recorder_json.startswith("/"):

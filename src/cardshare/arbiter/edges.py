@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -221,10 +222,24 @@ HISTORY_MAX_BYTES = 8 << 20
 QUEUE_MAX_BYTES = 32 << 20
 
 
+def read_key(path: Path) -> str:
+    """The first line of a key file, stripped: Unavailable when there is none to send (the
+    probe cannot pass without it, and a rewritten file is read again at the next probe)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Unavailable(f"vLLM's key file {path} cannot be read: {exc}") from exc
+    key = lines[0].strip() if lines else ""
+    if not key or any(c.isspace() for c in key):
+        raise Unavailable(f"vLLM's key file {path} has no key on its first line")
+    return key
+
+
 class HttpLlm:
     def __init__(self, session: aiohttp.ClientSession, config: Config) -> None:
         self.http = _Http(session, config.vllm_url, config.http_timeout_seconds)
         self.model = config.served_model_name
+        self.key_file = config.vllm_api_key_file
 
     async def metrics(self) -> str:
         return (await self.http.request("GET", "/metrics"))[1].decode("utf-8", "replace")
@@ -235,7 +250,10 @@ class HttpLlm:
 
     async def one_token(self) -> None:
         payload = {"model": self.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-        _, body = await self.http.request("POST", "/v1/completions", json=payload)
+        headers = {}
+        if self.key_file is not None:  # vLLM guards /v1 with its key (/health, /metrics open)
+            headers["Authorization"] = "Bearer " + read_key(self.key_file)
+        _, body = await self.http.request("POST", "/v1/completions", json=payload, headers=headers)
         doc = _json(body, "POST /v1/completions")
         if not isinstance(doc, dict) or not doc.get("choices"):
             raise Unavailable(f"one-token completion answered without choices: {body[:200]!r}")

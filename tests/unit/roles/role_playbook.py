@@ -57,12 +57,13 @@ def run_cases(
     playbook: str,
     cases: Mapping[str, Mapping[str, Any]],
     collections_before: Sequence[Path] = (),
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Run ``playbook`` (ending with :data:`WRITE_OUTCOMES`) in ``workdir`` once, with one
     inventory host per case (its host variables, plus ``out_dir``), and return
     ``{case: its case_outcome}``. A case without an outcome fails the test with Ansible's
     output. ``collections_before`` are searched for collections before the checkout's (a
-    test's stand-in of another collection)."""
+    test's stand-in of another collection). ``groups`` puts cases into inventory groups."""
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = workdir / "out"
     out_dir.mkdir()
@@ -75,6 +76,10 @@ def run_cases(
                 "out_dir": str(out_dir),
             },
             "hosts": {name: dict(host_vars) for name, host_vars in cases.items()},
+            "children": {
+                group: {"hosts": {name: {} for name in names}}
+                for group, names in (groups or {}).items()
+            },
         }
     }
     # JSON is YAML: the inventory plugin for YAML reads it

@@ -565,3 +565,87 @@ def test_the_lab_knob_fails_the_next_starts_as_vllm_does(
     assert not vs.take_forced_failure(sim_env)  # gone: the next start is an ordinary one
     knob.write_text("garbage")
     assert not vs.take_forced_failure(sim_env)
+
+
+# ----------------------------------------------------------------------------- vLLM's own key
+
+
+@pytest.fixture
+def keyed(sim_env: Path) -> Iterator[vs.VllmServer]:
+    """A server started with two keys on the command line over another in VLLM_API_KEY."""
+    settings = vs.prepare(
+        ["serve", "m", "--served-model-name", "qwen", "--max-model-len", "4096",
+         "--api-key", "key-one", "key-two"],
+        {"STANDIN_TOKEN_SECONDS": "0", "VLLM_API_KEY": "env-key"},
+    )  # fmt: skip
+    srv = vs.make_server(settings, None, port=0)
+    srv.server_address = ("127.0.0.1", srv.server_address[1])
+    serve_in_thread(srv)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+ONE_TOKEN = {"model": "qwen", "prompt": "hi", "max_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "authorization", "status"),
+    [
+        # every path under /v1 needs a key, before routing (an unknown one too) and before
+        # the media type is looked at
+        ("POST", "/v1/completions", ONE_TOKEN, None, 401),
+        ("POST", "/v1/chat/completions", {"messages": []}, None, 401),
+        ("GET", "/v1/models", None, None, 401),
+        ("GET", "/v1/nothing-here", None, None, 401),
+        ("POST", "/v1/completions", ONE_TOKEN, "Bearer wrong", 401),
+        ("POST", "/v1/completions", ONE_TOKEN, "Basic key-one", 401),
+        ("POST", "/v1/completions", ONE_TOKEN, "Bearer key-one ", 401),
+        # --api-key wins over VLLM_API_KEY
+        ("POST", "/v1/completions", ONE_TOKEN, "Bearer env-key", 401),
+        ("POST", "/v1/completions", ONE_TOKEN, "Bearer key-one", 200),
+        ("POST", "/v1/completions", ONE_TOKEN, "bearer key-two", 200),
+        ("GET", "/v1/models", None, "Bearer key-two", 200),
+        ("GET", "/v1/nothing-here", None, "Bearer key-one", 404),
+        # the rest stays open, as vLLM's middleware leaves it
+        ("GET", "/health", None, None, 200),
+        ("GET", "/ping", None, None, 200),
+        ("GET", "/metrics", None, None, 200),
+        ("GET", "/version", None, None, 200),
+        ("POST", "/tokenize", {"prompt": "hi"}, None, 200),
+    ],
+)
+def test_the_key_guards_v1_only(
+    keyed: vs.VllmServer,
+    method: str,
+    path: str,
+    body: Any,
+    authorization: str | None,
+    status: int,
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    answer, head, raw = request(port_of(keyed), method, path, body, headers)
+    assert answer == status, raw
+    if status == 401:
+        # byte for byte as vLLM's JSONResponse(content={"error": "Unauthorized"})
+        assert (raw, head["content-type"]) == (b'{"error":"Unauthorized"}', "application/json")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "keys"),
+    [
+        ([], {}, ()),
+        ([], {"VLLM_API_KEY": ""}, ()),
+        ([], {"VLLM_API_KEY": "from-env"}, ("from-env",)),
+        (["--api-key", "a"], {"VLLM_API_KEY": "from-env"}, ("a",)),
+        (["--api-key", "a", "b"], {}, ("a", "b")),
+    ],
+)
+def test_the_keys_come_from_the_flag_else_the_environment(
+    argv: list[str], env: dict[str, str], keys: tuple[str, ...]
+) -> None:
+    assert vs.prepare(["serve", "m", *argv], env).api_keys == keys
+
+
+def test_without_a_key_v1_is_open(server: vs.VllmServer) -> None:
+    assert request(port_of(server), "POST", "/v1/completions", ONE_TOKEN)[0] == 200
