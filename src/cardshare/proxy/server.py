@@ -80,6 +80,16 @@ def _retryable(exc: BaseException) -> bool:
     )
 
 
+def _movable(exc: BaseException) -> bool:
+    """True for upstream failures before any answer that move a fleet's request to another box.
+
+    Beyond :func:`_retryable`: a connection reset while vLLM ran the request (it died under
+    it). Nothing of an answer reached the client (the session raised before the response
+    head), so the other box's answer is the only one it gets.
+    """
+    return _retryable(exc) or isinstance(exc, aiohttp.ClientOSError)
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -595,10 +605,19 @@ class Proxy:
         stream = request.content
         buffered: Callable[[], int] | None = None
         if body_bytes is not None:
-            buffered = lambda: body_bytes  # noqa: E731 (read already, for its model)
+            size = body_bytes
+
+            def buffered_body() -> int:  # read already, for its model
+                return size
+
+            buffered = buffered_body
         elif request.body_exists:
-            # nothing of a held body is read by the proxy: what aiohttp has received is buffered
-            buffered = lambda: stream.total_bytes  # noqa: E731
+
+            def buffered_stream() -> int:
+                # nothing of a held body is read by the proxy: what aiohttp received is buffered
+                return stream.total_bytes
+
+            buffered = buffered_stream
         held = self.queue.add(arrived, buffered=buffered, model=model)
         try:
             while True:
@@ -682,8 +701,9 @@ class Proxy:
     ) -> aiohttp.ClientResponse | web.StreamResponse:
         """The upstream's response, retrying refused connections; or the 503 to answer.
 
-        A fleet retries a refused connection on another box in rotation at once (nothing of
-        the request reached a client); with none, it waits and retries as one box does.
+        A fleet retries a refused connection, or one reset before any answer, on another box in
+        rotation at once (nothing of the request reached a client); with none, it waits and
+        retries as one box does.
         """
         assert self._session is not None
         cfg = self.config
@@ -709,7 +729,7 @@ class Proxy:
                     request.method, url, headers=headers, data=data, allow_redirects=False
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                if self.is_fleet and _retryable(exc):
+                if self.is_fleet and _movable(exc):
                     if box.upstream_error is None:
                         LOG.warning(
                             "box %s: vLLM refused, out of rotation until its arbiter answers: %s",

@@ -13,6 +13,8 @@ import asyncio
 import json
 import os
 import shutil
+import socket
+import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -326,6 +328,36 @@ async def test_refused_vllm_retried_on_the_other_box(make_fleet: FleetFactory) -
     assert (outcomes["forwarded"], outcomes["upstream_error"]) == (8, 0)
     # back in rotation at its arbiter's next answer; a refused connection moves again
     await fleet.until("a", lambda b: b["in_rotation"], "back in rotation")
+
+
+async def _resetting_server(port: int) -> asyncio.Server:
+    """A vLLM that dies under the request: it reads the request head, then resets the
+    connection (SO_LINGER 0) before any answer."""
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    return await asyncio.start_server(reset, "127.0.0.1", port)
+
+
+async def test_a_reset_before_any_answer_moves_to_the_other_box(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet()
+    a = fleet.boxes["a"].upstream
+    await a.stop()  # its arbiter still says llm; its port now resets what it reads
+    server = await _resetting_server(a.port)
+    try:
+        results = await asyncio.gather(*(fleet.post("m") for _ in range(8)))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert [r[0] for r in results] == [200] * 8, results
+    assert fleet.seen("b") == 8
+    async with fleet.client.get(fleet.url + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert families["cardshare_proxy_box_failovers"].samples[0].value >= 1
 
 
 async def test_stream_stays_on_its_box_when_the_box_swaps(make_fleet: FleetFactory) -> None:
