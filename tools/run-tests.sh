@@ -68,7 +68,7 @@ export ANSIBLE_CALLBACKS_ENABLED=${ANSIBLE_CALLBACKS_ENABLED:-ansible.posix.prof
 # Scenarios run side by side (each has its own lab host), longest first; most of their
 # time is spent waiting on boots, health checks and the arbiter's timers, not on the CPU.
 jobs=${MOLECULE_JOBS:-3}
-order="site recorder arbiter fleet multicard plex retrieval comfyui transcode_campaign vllm negative card_path"
+order="site retrieval plex transcode_campaign arbiter fleet multicard recorder vllm comfyui card_path negative"
 all=$(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)
 if [ -n "${SCENARIOS:-}" ]; then
   scenarios=$SCENARIOS
