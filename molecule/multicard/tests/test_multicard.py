@@ -1,5 +1,6 @@
 """The write-up's second machine on the lab host: two B70s as vLLM's TP=2 pool, an A380 for
-Plex, ComfyUI on the pool's first card, the arbiter trading the pool as one owner."""
+Plex and the re-encode campaign, ComfyUI on the pool's first card, the arbiter trading the pool
+as one owner."""
 
 import base64
 import json
@@ -14,6 +15,8 @@ POOL = [B70_A, B70_B]
 ROOT = "/srv/cardshare-sim"
 ARBITER = "http://127.0.0.1:8090"
 TOKEN_FILE = "/etc/cardshare/arbiter/token"
+CAMPAIGN = "campaign-encoder-1"
+CAMPAIGN_URL = "http://127.0.0.1:8097"
 # the example image job the arbiter role ships (FLUX.1 Kontext: a render made a photograph)
 WORKFLOW = json.loads(
     (Path(__file__).parents[3] / "roles/arbiter/files/examples/flux_kontext_photo.json").read_text()
@@ -87,6 +90,41 @@ def scan(host):
     return {pdev: sorted(c["name"] for c in card["clients"]) for pdev, card in cards}
 
 
+def campaign_card(host):
+    """The card whose node the campaign's encoder opens: the device its config names (vainfo's
+    --device and ffmpeg's -vaapi_device), found by its device number in the container among
+    the host's cards' render nodes by PCI path."""
+    read = "from pathlib import Path; from cardshare.campaign.config import load_config; "
+    read += "print(load_config(Path('/etc/cardshare-campaign/campaign.json')).device)"
+    device = host.check_output(f"docker exec {CAMPAIGN} python3 -c {shlex.quote(read)}")
+    number = host.check_output(f"docker exec {CAMPAIGN} stat -L -c %t:%T {device}")
+    cards = {host.check_output(f"stat -L -c %t:%T {ROOT + by_path(p)}"): p for p in [*POOL, A380]}
+    assert len(cards) == 3, cards
+    print(f"the campaign's encoder opens {device}: {number}, on the host {cards}")
+    return cards.get(number)
+
+
+# SIMULATION: the lab's campaign encodes with the software encoder, which never opens the card;
+# this is the DRM client a VAAPI encode of the campaign's container holds while it runs (its
+# video engine busy, its frames in VRAM), on the card the campaign's node is, until SIGTERM.
+ENCODE_UNIT = "lab-campaign-vaapi-encode"
+_ENCODE = r"""
+import signal, sys
+from pathlib import Path
+sys.path.insert(0, "/opt/cardshare-sim")
+from simcard import SimClient
+root, container, card = sys.argv[1:4]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+argv = ["ffmpeg", "-vaapi_device", "/dev/dri/renderD128", "-i", "clip.mkv", "-c:v", "hevc_vaapi"]
+client = SimClient("ffmpeg", argv, root=Path(root), container_id=container, choice=card)
+if not client.register(vram=512 * 1024 * 1024):
+    sys.exit("no simulated card under " + root)
+client.set_busy({"vcs": 1.0})
+signal.sigwait({signal.SIGTERM})
+client.close()
+"""
+
+
 def test_xe_driver_publishes_the_pool_and_the_transcode_card(host):
     jobs = computed(host)["jobs"]
     assert jobs == {"llm": POOL, "transcode": A380}
@@ -126,7 +164,21 @@ def test_plex_and_comfyui_each_have_their_card_s_node_alone(host):
     assert devices(host, "comfyui-comfyui-1") == [(ROOT + by_path(B70_A), by_path(B70_A))]
 
 
-def test_a380_transcode_leaves_the_plan_and_a_swap_waits_for_both_pool_cards(host):
+def test_the_campaign_has_the_a380_s_node_alone_and_its_encoder_opens_it(host):
+    assert devices(host, CAMPAIGN) == [(ROOT + by_path(A380), "/dev/dri/renderD128")]
+    assert host.check_output(f"docker exec {CAMPAIGN} ls /dev/dri").split() == ["renderD128"]
+    assert campaign_card(host) == A380
+
+
+def test_the_campaign_re_encodes_the_library(host):
+    def done():
+        counts = http(host, "GET", f"{CAMPAIGN_URL}/v1/status")[1]["counts"]
+        return counts if counts.get("done", 0) >= 1 else None
+
+    wait_for("the clip re-encoded", done, 180, step=2)
+
+
+def test_a380_transcodes_and_encode_leave_the_plan_and_a_swap_waits_for_both_pool_cards(host):
     # the arbiter's card data: its scan of the pool (the recorder's, or its own before a swap)
     before = wait_for("the arbiter's card data", lambda: (s := status(host))["card"] and s, 60)
     assert before["mode"] == "llm", before
@@ -139,14 +191,27 @@ def test_a380_transcode_leaves_the_plan_and_a_swap_waits_for_both_pool_cards(hos
     )
     assert code == 200
     try:
+        # and a campaign encode on the card its encoder's node is (SIMULATION: _ENCODE)
+        encode = [ROOT, inspect(host, CAMPAIGN)["Id"], campaign_card(host)]
+        host.check_output(
+            f"systemd-run --unit {ENCODE_UNIT} --collect /usr/bin/python3 -c "
+            + shlex.join([_ENCODE, *encode])
+        )
 
         def transcodes():
             cards = scan(host)
-            # the recorder names clients by container: both transcoders are plex/plex
-            return cards if "plex/plex" in cards.get(A380, []) else None
+            # the recorder names clients by container: both transcoders are plex/plex, the
+            # encode campaign/encoder
+            seen = {"plex/plex", "campaign/encoder"} <= set(cards.get(A380, []))
+            return cards if seen else None
 
-        cards = wait_for("Plex's transcodes on the A380", transcodes, 30)
-        assert all("plex" not in n for p in POOL for n in cards.get(p, []))
+        cards = wait_for(
+            "Plex's transcodes and the campaign's encode on the A380",
+            transcodes,
+            30,
+            explain=lambda: host.run(f"journalctl -u {ENCODE_UNIT} --no-pager").stdout,
+        )
+        assert all(t not in n for t in ("plex", "campaign") for p in POOL for n in cards.get(p, []))
         # one pool card's rank slow to exit: its memory stays 6 s past the other's
         host.check_output(f"mkdir -p {ROOT}/lab && echo '{B70_B} 6' > {ROOT}/lab/vllm-hold-card")
         since = host.check_output("date -u +%Y-%m-%dT%H:%M:%SZ")
@@ -169,10 +234,13 @@ def test_a380_transcode_leaves_the_plan_and_a_swap_waits_for_both_pool_cards(hos
                          s["queue_length"] == 0 and s, 120, step=2)  # fmt: skip
     finally:
         http(host, "POST", "http://127.0.0.1:32400/:/cardshare-sim/transcode?state=off")
-    print("plan after the swap, the transcodes running:", after["llm_plan"])
-    # vLLM measured the pool again before its start, Plex on the A380 beside it: the full plan
+        host.run(f"systemctl stop {ENCODE_UNIT}")
+    print("plan after the swap, the transcodes and the encode running:", after["llm_plan"])
+    # vLLM measured the pool again before its start, Plex and the campaign on the A380 beside
+    # it: the full plan
     assert after["llm_plan"]["index"] == 0 == before["llm_plan"]["index"]
-    assert "plex" not in after["llm_plan"]["reason"].lower()
+    reason = after["llm_plan"]["reason"].lower()
+    assert "plex" not in reason and "campaign" not in reason
     # the swap waited on the held card, and named it
     logs = host.check_output(f"docker logs --since {since} arbiter-arbiter-1 2>&1")
     waits = [line for line in logs.splitlines() if "waiting for the release" in line]
