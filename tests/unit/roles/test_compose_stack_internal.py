@@ -3,7 +3,10 @@
 The guard is the first task of every entry point (``main``, ``verify`` and ``check``) and reads
 ``ansible_parent_role_names``, which Ansible sets only when a role includes the role. Each case
 is a play on localhost: compose_stack named by the play itself, or included by a small role the
-way vllm, comfyui, plex and arbiter include it. The role's case asks for ``absent`` under a
+way vllm, comfyui, plex and arbiter include it. Each entry point has an include of its own:
+one include with a templated ``tasks_from`` gives every host the entry point of the host whose
+result Ansible processed first (it merges the hosts' includes before it templates the entry
+point), so which entry each case ran depended on timing. The role's case asks for ``absent`` under a
 root that does not exist, so it passes the guard and ends without a Docker engine or a change.
 """
 
@@ -24,17 +27,47 @@ PLAYBOOK = (
   tasks:
     - name: Run the case and keep what happened
       block:
-        - name: Include compose_stack from the play
+        - name: Include compose_stack's main from the play
           ansible.builtin.include_role:
             name: cardshare.gpuhost.compose_stack
-            tasks_from: "{{ case_entry }}"
+            tasks_from: main
           vars:
             compose_stack_name: demo
             compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
             compose_stack_definition: {services: {}}
             compose_stack_state: absent
             compose_stack_services: [demo]
-          when: not case_through_role
+          when: not case_through_role and case_entry == "main"
+
+        - name: Include compose_stack's verify from the play
+          ansible.builtin.include_role:
+            name: cardshare.gpuhost.compose_stack
+            tasks_from: verify
+          vars:
+            compose_stack_name: demo
+            compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
+            compose_stack_definition: {services: {}}
+            compose_stack_state: absent
+            compose_stack_services: [demo]
+          when: not case_through_role and case_entry == "verify"
+
+        - name: Include compose_stack's check from the play
+          ansible.builtin.include_role:
+            name: cardshare.gpuhost.compose_stack
+            tasks_from: check
+          vars:
+            compose_stack_name: demo
+            compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
+            compose_stack_definition: {services: {}}
+            compose_stack_state: absent
+            compose_stack_services: [demo]
+            # what the check entry point requires, so that its arguments pass and its guard
+            # is what refuses the play
+            compose_stack_check_image: demo:1
+            compose_stack_check_module: demo
+            compose_stack_check_file: /tmp/demo.json
+            compose_stack_check_config: {}
+          when: not case_through_role and case_entry == "check"
 
         - name: Include the stack role that includes compose_stack
           ansible.builtin.include_role:
