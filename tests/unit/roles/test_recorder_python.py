@@ -36,10 +36,19 @@ PLAYBOOK = (
 
     - name: Run the role's tasks and keep the decision or the failure
       block:
-        - name: Include the role's tasks
+        # an include for each tasks file: one templated tasks_from would give every host the file
+        # of the host whose result Ansible processed first
+        - name: Include the role's interpreter tasks
           ansible.builtin.include_role:
             name: cardshare.gpuhost.recorder
-            tasks_from: "{{ case_entry | default('interpreter') }}"
+            tasks_from: interpreter
+          when: case_entry is not defined
+
+        - name: Include the role's preflight
+          ansible.builtin.include_role:
+            name: cardshare.gpuhost.recorder
+            tasks_from: preflight
+          when: case_entry is defined
 
         - name: Keep the decision
           ansible.builtin.set_fact:
