@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cardshare.proxy.config import Box
 from cardshare.proxy.mode import ModeView
@@ -139,3 +140,64 @@ def request_model(body: bytes) -> str | None:
         if isinstance(model, str):
             return model
     return None
+
+
+def fleet_fields(boxes: Sequence[BoxState]) -> dict[str, Any]:
+    """The top-level mode fields of a fleet's ``/proxy/state`` (``llm`` when any box serves)."""
+    serving = [b.view.since for b in boxes if b.in_rotation(True)]
+    answered = [b for b in boxes if b.view.arbiter_error is None and b.view.arbiter_seen]
+    seen = [b.view.arbiter_seen for b in boxes if b.view.arbiter_seen is not None]
+    errors = [f"{b.box.name}: {b.view.arbiter_error}" for b in boxes if b.view.arbiter_error]
+    source = "arbiter" if len(answered) == len(boxes) else ("last-known" if answered else "default")
+    return {
+        "mode": fleet_mode(boxes),
+        "mode_since": min((s for s in serving if s is not None), default=None),
+        "mode_source": source,
+        "arbiter_seen": max(seen, default=None),
+        "arbiter_error": "; ".join(errors) or None,
+    }
+
+
+def box_state(b: BoxState, fleet: bool) -> dict[str, Any]:
+    """One box's entry of ``/proxy/state``'s ``boxes``."""
+    return {
+        "name": b.box.name,
+        "mode": b.view.mode,
+        "mode_source": b.view.source,
+        "mode_since": b.view.since,
+        "in_rotation": b.in_rotation(fleet),
+        "in_flight": b.in_flight,
+        "error": b.error,
+        "last_seen": b.view.arbiter_seen,
+        "models": list(b.box.models),
+        "weight": b.box.weight,
+        "routed": b.routed,
+        "last_request_started": b.last_request_started,
+        "last_request_finished": b.last_request_finished,
+    }
+
+
+def merge_models(lists: Sequence[list[Any]]) -> list[Any]:
+    """The boxes' ``/v1/models`` lists as one: each model once, as the first box lists it."""
+    seen: set[str] = set()
+    merged: list[Any] = []
+    for entry in (e for data in lists for e in data):
+        ident = entry.get("id") if isinstance(entry, dict) else None
+        if isinstance(ident, str) and ident not in seen:
+            seen.add(ident)
+            merged.append(entry)
+    return merged
+
+
+def retry_box(boxes: Sequence[BoxState], model: str | None, current: BoxState) -> BoxState:
+    """The box to try again after a wait: one in rotation, else one whose arbiter says
+    ``llm`` though its vLLM refused (it may be starting), else the same."""
+    box = pick(boxes, model, True)
+    if box is not None:
+        return box
+    starting = [
+        b
+        for b in boxes
+        if b.serves(model) and b.view.mode == "llm" and b.view.arbiter_error is None
+    ]
+    return min(starting, key=lambda b: b.in_flight / b.box.weight, default=current)

@@ -36,7 +36,17 @@ from yarl import URL
 from cardshare import exposition, serverguard
 from cardshare.proxy import fleetpage, rules
 from cardshare.proxy.config import ProxyConfig
-from cardshare.proxy.fleet import BoxState, fleet_mode, known_model, pick, request_model
+from cardshare.proxy.fleet import (
+    BoxState,
+    box_state,
+    fleet_fields,
+    fleet_mode,
+    known_model,
+    merge_models,
+    pick,
+    request_model,
+    retry_box,
+)
 from cardshare.proxy.holdqueue import HoldQueue
 from cardshare.proxy.keys import Key, KeyRing, bearer_token, lookup, read_secret
 from cardshare.proxy.metrics import BoxGauges, Counters, Gauges, families
@@ -346,8 +356,8 @@ class Proxy:
         if self.is_fleet:
             return {
                 **self._state_fields(oldest),
-                **self._fleet_fields(),
-                "boxes": [self._box_state(b) for b in self.boxes],
+                **fleet_fields(self.boxes),
+                "boxes": [box_state(b, self.is_fleet) for b in self.boxes],
             }
         return {
             "in_flight": self.in_flight,
@@ -375,43 +385,6 @@ class Proxy:
             "last_request_finished": self.last_request_finished,
         }
 
-    def _fleet_fields(self) -> dict[str, Any]:
-        serving = [b.view.since for b in self.boxes if b.in_rotation(True)]
-        answered = [b for b in self.boxes if b.view.arbiter_error is None and b.view.arbiter_seen]
-        seen = [b.view.arbiter_seen for b in self.boxes if b.view.arbiter_seen is not None]
-        errors = [
-            f"{b.box.name}: {b.view.arbiter_error}" for b in self.boxes if b.view.arbiter_error
-        ]
-        source = (
-            "arbiter"
-            if len(answered) == len(self.boxes)
-            else ("last-known" if answered else "default")
-        )
-        return {
-            "mode": fleet_mode(self.boxes),
-            "mode_since": min((s for s in serving if s is not None), default=None),
-            "mode_source": source,
-            "arbiter_seen": max(seen, default=None),
-            "arbiter_error": "; ".join(errors) or None,
-        }
-
-    def _box_state(self, b: BoxState) -> dict[str, Any]:
-        return {
-            "name": b.box.name,
-            "mode": b.view.mode,
-            "mode_source": b.view.source,
-            "mode_since": b.view.since,
-            "in_rotation": b.in_rotation(self.is_fleet),
-            "in_flight": b.in_flight,
-            "error": b.error,
-            "last_seen": b.view.arbiter_seen,
-            "models": list(b.box.models),
-            "weight": b.box.weight,
-            "routed": b.routed,
-            "last_request_started": b.last_request_started,
-            "last_request_finished": b.last_request_finished,
-        }
-
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -420,7 +393,7 @@ class Proxy:
 
     async def handle_fleet(self, request: web.Request) -> web.Response:
         state = self.state()
-        boxes = state.get("boxes") or [self._box_state(b) for b in self.boxes]
+        boxes = state.get("boxes") or [box_state(b, self.is_fleet) for b in self.boxes]
         return web.Response(
             text=fleetpage.render(state, boxes, self.wall()), content_type="text/html"
         )
@@ -673,28 +646,8 @@ class Proxy:
         lists = [d for d in await asyncio.gather(*(one(b) for b in boxes)) if d is not None]
         if len(lists) < 2:
             return None
-        seen: set[str] = set()
-        merged: list[Any] = []
-        for entry in (e for data in lists for e in data):
-            ident = entry.get("id") if isinstance(entry, dict) else None
-            if isinstance(ident, str) and ident not in seen:
-                seen.add(ident)
-                merged.append(entry)
         self.counters.count("forwarded")
-        return web.json_response({"object": "list", "data": merged})
-
-    def _retry_box(self, model: str | None, current: BoxState) -> BoxState:
-        """The box to try again after a wait: one in rotation, else one whose arbiter says
-        ``llm`` though its vLLM refused (it may be starting), else the same."""
-        box = pick(self.boxes, model, True)
-        if box is not None:
-            return box
-        starting = [
-            b
-            for b in self.boxes
-            if b.serves(model) and b.view.mode == "llm" and b.view.arbiter_error is None
-        ]
-        return min(starting, key=lambda b: b.in_flight / b.box.weight, default=current)
+        return web.json_response({"object": "list", "data": merge_models(lists)})
 
     async def _connect(
         self, request: web.Request, body: bytes, arrived: float, route: _Route, model: str | None
@@ -758,7 +711,7 @@ class Proxy:
                 attempt += 1
                 if self.is_fleet:
                     tried.clear()
-                    other = self._retry_box(model, box)
+                    other = retry_box(self.boxes, model, box)
                     if other is not box:
                         route.move(other)
 
