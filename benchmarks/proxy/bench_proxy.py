@@ -457,7 +457,8 @@ def main() -> int:
             processes.append(
                 ctx.Process(
                     target=run_proxy,
-                    args=(fleet_ports["baseline"], up_port, "", (), args.baseline_src, False),
+                    # on uvloop as 'proxy' is, where the baseline's code can (it has ``run``)
+                    args=(fleet_ports["baseline"], up_port, "", (), args.baseline_src, True),
                     daemon=True,
                 )
             )
@@ -613,7 +614,8 @@ def print_fleet(by_key: dict[tuple[Any, ...], dict[str, Any]], args: argparse.Na
         "box of boxes, both on uvloop where installed; 'asyncio' as 'proxy' on asyncio's loop; "
         "'direct' no proxy"
         + (
-            f"; 'baseline' the code of {args.baseline_src} (asyncio's loop)"
+            f"; 'baseline' the code of {args.baseline_src} (on uvloop if that code can be, "
+            "else asyncio's loop)"
             if args.baseline_src
             else ""
         )

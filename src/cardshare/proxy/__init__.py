@@ -17,6 +17,7 @@ retry backoff, header filtering, error bodies), ``mode`` (the arbiter's mode and
 ``fleet`` (the boxes, which one takes a request), ``fleetpage`` (the fleet view's HTML),
 ``holdqueue`` (the FIFO of held requests), ``keys`` (the agents' hashed API keys and their
 file, reloaded when it changes), ``keytool`` (``cardshare proxy key add``), ``metrics``
-(counters and their ``prometheus_client`` metric families), ``server`` (the aiohttp edge). Run with
+(counters and their ``prometheus_client`` metric families), ``upstream`` (the HTTP/1.1 client
+to vLLM, pooled keep-alive connections), ``server`` (the aiohttp edge). Run with
 ``python -m cardshare.proxy --config FILE``.
 """

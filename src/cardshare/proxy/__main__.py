@@ -1,8 +1,9 @@
 """``python -m cardshare.proxy --config FILE``: run the patient proxy until SIGTERM or SIGINT.
 
-The proxy runs on uvloop's event loop when uvloop is installed (the ``services`` extra pins
-it), else on asyncio's own; it logs which at start. uvloop takes about a quarter off the
-proxy's own cost per request (``benchmarks/proxy``); nothing else depends on it.
+The proxy runs on uvloop's event loop when uvloop is installed (pyproject's ``fast`` extra;
+the arbiter image does not carry it yet), else on asyncio's own; it logs which at start.
+uvloop takes about a quarter off the proxy's own CPU per request under load
+(``benchmarks/proxy``); nothing else depends on it.
 """
 
 from __future__ import annotations

@@ -168,7 +168,9 @@ def _url_problem(url: str) -> str | None:
     if not url.startswith(("http://", "https://")):
         return "must start with http:// or https://"
     try:
-        host = urlsplit(url).hostname
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
     except ValueError as exc:
         return f"is not a URL ({exc})"
     if not host:
@@ -287,8 +289,9 @@ def build_config(settings: Mapping[str, Any]) -> ProxyConfig:
         raise ConfigError(f"listen_port must be within 1..65535, got {config.listen_port}")
     for key in ("upstream_url", "arbiter_url"):
         url = getattr(config, key)
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{key} must start with http:// or https://, got {url!r}")
+        problem = _url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"{key} {problem}, got {url!r}")
     if not config.keys_file and not is_loopback(config.listen_host):
         raise ConfigError(
             f"listen_host {config.listen_host!r} is reachable beyond this machine and keys_file "

@@ -36,9 +36,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from cardshare.proxy.config import Box
 from cardshare.proxy.mode import ModeView
+from cardshare.proxy.upstream import Origin
 
 
 @dataclass
@@ -62,6 +64,13 @@ class BoxState:
     upstream_auth: str | None = None
     #: Its arbiter has no ``/v1/mode`` (404): read ``/v1/status``.
     use_status: bool = False
+    #: Where its vLLM listens, and the path its ``upstream_url`` puts before each request's.
+    origin: Origin = field(init=False)
+    path_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.origin = Origin.from_url(self.box.upstream_url)
+        self.path_prefix = urlsplit(self.box.upstream_url).path.rstrip("/")
 
     def serves(self, model: str | None) -> bool:
         """True when the box serves ``model`` (None: a request naming none)."""

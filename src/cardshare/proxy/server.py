@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,10 +32,9 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client.metrics_core import Metric
-from yarl import URL
 
 from cardshare import exposition, serverguard
-from cardshare.proxy import fleetpage, rules
+from cardshare.proxy import fleetpage, rules, upstream
 from cardshare.proxy.config import ProxyConfig
 from cardshare.proxy.fleet import (
     BoxState,
@@ -60,8 +60,6 @@ from cardshare.proxy.mode import (
 
 LOG = logging.getLogger("cardshare.proxy")
 
-#: Headers aiohttp's client would otherwise add on its own: the client's request passes as is.
-_SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
 DEFAULT_BACKOFF = rules.Backoff()
 #: The OpenAI ``type`` of the proxy's own error answers by status (others: invalid request).
 _ERROR_TYPES = {503: "service_unavailable", 429: "requests"}
@@ -81,23 +79,20 @@ def _retryable(exc: BaseException) -> bool:
     """True for upstream failures where nothing reached vLLM's HTTP layer yet.
 
     A refused or timed-out connect (vLLM is starting, its port refuses until the model is
-    loaded), and a connection closed before any response (Docker's userland proxy accepts
-    and then drops connections to a container that does not listen yet).
+    loaded), and a connection closed before any answer (Docker's userland proxy accepts and
+    then drops connections to a container that does not listen yet).
     """
-    return isinstance(
-        exc,
-        aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError | aiohttp.ServerTimeoutError,
-    )
+    return isinstance(exc, upstream.ConnectFailed | upstream.ClosedBeforeAnswer)
 
 
 def _movable(exc: BaseException) -> bool:
     """True for upstream failures before any answer that move a fleet's request to another box.
 
     Beyond :func:`_retryable`: a connection reset while vLLM ran the request (it died under
-    it). Nothing of an answer reached the client (the session raised before the response
-    head), so the other box's answer is the only one it gets.
+    it). Nothing of an answer reached the client (the head had not come), so the other box's
+    answer is the only one it gets.
     """
-    return _retryable(exc) or isinstance(exc, aiohttp.ClientOSError)
+    return _retryable(exc) or isinstance(exc, upstream.ResetBeforeAnswer)
 
 
 def _describe(exc: BaseException) -> str:
@@ -160,7 +155,9 @@ class Proxy:
         self.stopping = False
         self.last_request_started: float | None = None
         self.last_request_finished: float | None = None
-        self._session: aiohttp.ClientSession | None = None
+        #: Connections to the upstreams (the agents' requests); the arbiters are polled with
+        #: aiohttp's client.
+        self.pool = upstream.Pool(config.pool_limit, connect_timeout=10.0)
         self._arbiter_session: aiohttp.ClientSession | None = None
         #: The agents' keys (None: every request is let in, loopback only); raises
         #: :class:`cardshare.proxy.keys.KeysFileError` when the file does not load.
@@ -282,16 +279,6 @@ class Proxy:
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         cfg = self.config
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=cfg.pool_limit * len(self.boxes), limit_per_host=cfg.pool_limit
-            ),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False,
-            skip_auto_headers=_SKIP_AUTO_HEADERS,
-            # the upstream's cookies go to the client that got them, never to another agent
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
         poll_timeout = max(1.0, min(5.0, 2 * cfg.mode_poll_seconds))
         self._arbiter_session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=poll_timeout)
@@ -306,7 +293,7 @@ class Proxy:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await self._session.close()
+            self.pool.close()
             await self._arbiter_session.close()
 
     async def _on_shutdown(self, app: web.Application) -> None:
@@ -624,21 +611,23 @@ class Proxy:
         """``GET /v1/models`` of a fleet: the lists of every box in rotation, merged (a model
         on two boxes once, as the first lists it); None when fewer than two boxes answer (the
         request then goes to one box as any other)."""
-        assert self._session is not None
         boxes = [b for b in self.boxes if b.in_rotation(True)]
         if len(boxes) < 2:
             return None
 
         async def one(box: BoxState) -> list[Any] | None:
-            assert self._session is not None
-            headers = {"Authorization": box.upstream_auth} if box.upstream_auth else {}
-            url = box.box.upstream_url.rstrip("/") + "/v1/models"
+            headers = [("Authorization", box.upstream_auth)] if box.upstream_auth else []
             try:
-                async with self._session.get(
-                    url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
-                ) as resp:
-                    doc = await resp.json(content_type=None) if resp.status == 200 else None
-            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                async with asyncio.timeout(10):
+                    resp = await self.pool.request(
+                        box.origin, "GET", box.path_prefix + "/v1/models", headers, None
+                    )
+                    try:
+                        raw = await resp.read()
+                    finally:
+                        resp.close()
+                doc = json.loads(raw) if resp.status == 200 else None
+            except (TimeoutError, upstream.UpstreamError, ValueError):
                 return None
             data = doc.get("data") if isinstance(doc, dict) else None
             return data if isinstance(data, list) else None
@@ -651,14 +640,13 @@ class Proxy:
 
     async def _connect(
         self, request: web.Request, body: bytes, arrived: float, route: _Route, model: str | None
-    ) -> aiohttp.ClientResponse | web.StreamResponse:
+    ) -> upstream.Response | web.StreamResponse:
         """The upstream's response, retrying refused connections; or the 503 to answer.
 
         A fleet retries a refused connection, or one reset before any answer, on another box in
         rotation at once (nothing of the request reached a client); with none, it waits and
         retries as one box does.
         """
-        assert self._session is not None
         cfg = self.config
         started = self.clock()
         deadline = rules.connect_deadline(
@@ -670,7 +658,6 @@ class Proxy:
         tried: list[BoxState] = []
         while True:
             box = route.box
-            url = URL(box.box.upstream_url.rstrip("/") + request.raw_path, encoded=True)
             headers = base_headers
             if self.keyring is not None or box.upstream_auth is not None:
                 # the agent's key stays here; the upstream gets the proxy's own (or none)
@@ -678,10 +665,10 @@ class Proxy:
                 if box.upstream_auth is not None:
                     headers.append(("Authorization", box.upstream_auth))
             try:
-                return await self._session.request(
-                    request.method, url, headers=headers, data=data, allow_redirects=False
+                return await self.pool.request(
+                    box.origin, request.method, box.path_prefix + request.raw_path, headers, data
                 )
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except upstream.UpstreamError as exc:
                 if self.is_fleet and _movable(exc):
                     if box.upstream_error is None:
                         LOG.warning(
@@ -698,7 +685,13 @@ class Proxy:
                         continue
                 delay = rules.retry_delay(attempt, self.clock(), deadline, self.backoff)
                 if not _retryable(exc) or delay is None:
-                    LOG.warning("upstream %s %s failed: %s", request.method, url, _describe(exc))
+                    LOG.warning(
+                        "upstream %s %s%s failed: %s",
+                        request.method,
+                        box.box.upstream_url.rstrip("/"),
+                        request.raw_path,
+                        _describe(exc),
+                    )
                     msg = rules.upstream_message(
                         self.clock() - started, _describe(exc), cfg.retry_after_seconds
                     )
@@ -726,39 +719,37 @@ class Proxy:
         route = _Route(box)
         try:
             try:
-                upstream = await self._connect(request, body, arrived, route, model)
+                answer = await self._connect(request, body, arrived, route, model)
             finally:
                 self.connecting -= 1
-            if isinstance(upstream, web.StreamResponse):
-                return upstream
+            if isinstance(answer, web.StreamResponse):
+                return answer
             try:
-                return await self._relay(request, upstream)
+                return await self._relay(request, answer)
             finally:
-                upstream.close()
+                answer.close()
         finally:
             self.in_flight -= 1
             route.box.in_flight -= 1
             route.box.last_request_finished = self.wall()
 
-    async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse
-    ) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, answer: upstream.Response) -> web.StreamResponse:
         """Stream the upstream's response to the client as it comes.
 
         A small body of announced length (an ordinary JSON answer) is passed in one write with
         the headers; anything else (SSE, chunked, large) is relayed chunk by chunk.
         """
-        headers = rules.response_headers(list(upstream.headers.items()))
-        length = upstream.content_length
+        headers = rules.response_headers(list(answer.headers))
+        length = answer.content_length
         if (
             length is not None
             and length <= SMALL_BODY_BYTES
             and request.method != "HEAD"
-            and upstream.status not in (204, 304)
+            and answer.status not in (204, 304)
         ):
             try:
-                body = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                body = await answer.read()
+            except upstream.UpstreamError as exc:
                 # nothing has reached the client yet: it can still get a clear answer
                 LOG.warning("upstream broke off its answer: %s", _describe(exc))
                 msg = rules.broken_message(_describe(exc), self.config.retry_after_seconds)
@@ -769,16 +760,16 @@ class Proxy:
                 (k, v) for k, v in headers if k.lower() != "content-length"
             )
             return web.Response(
-                status=upstream.status, reason=upstream.reason, headers=without_length, body=body
+                status=answer.status, reason=answer.reason, headers=without_length, body=body
             )
         self.counters.count("forwarded")
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        resp = web.StreamResponse(status=answer.status, reason=answer.reason)
         resp.headers.extend(headers)
         await resp.prepare(request)
         while True:
             try:
-                chunk = await upstream.content.readany()
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                chunk = await answer.readany()
+            except upstream.UpstreamError as exc:
                 # The response has started: the only honest signal left is a cut connection.
                 LOG.warning("upstream broke mid-response: %s", _describe(exc))
                 if request.transport is not None:

@@ -83,6 +83,11 @@ def test_build_config(settings: dict[str, Any], field: str, value: object) -> No
             {"upstream_url": "127.0.0.1:8000"},
             "upstream_url must start with http:// or https://, got '127.0.0.1:8000'",
         ),
+        ({"upstream_url": "http://"}, "upstream_url has no host, got 'http://'"),
+        (
+            {"arbiter_url": "http://127.0.0.1:80900"},
+            "arbiter_url is not a URL (Port out of range 0-65535), got 'http://127.0.0.1:80900'",
+        ),
         ({"arbiter_url": ""}, "arbiter_url must be a non-empty string, got ''"),
         (
             {"proxied_path_prefixes": "/v1/"},
