@@ -13,8 +13,9 @@ compression, the answer relayed as it comes. What it does need is here:
   :class:`BadAnswer`.
 - **Keep-alive:** a connection goes back to its pool only when its answer was read to the
   end, the server did not ask to close it and sent nothing more; one the server closes while
-  idle leaves the pool at once. At most ``limit`` connections per upstream; more requests wait
-  for one.
+  idle leaves the pool at once; one it closes as it is taken (no byte of an answer) gets the
+  request again on a new connection, once. At most ``limit`` connections per upstream; more
+  requests wait for one.
 - **Back-pressure:** reading from vLLM pauses while more than :data:`READ_HIGH_WATER` bytes of
   an answer wait for the client.
 - **Errors by what can still be done** (the proxy's retry and fail-over rules read them):
@@ -143,6 +144,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
+        #: Answers read on it to their end (a kept-alive connection has at least one).
+        self.answered = 0
         self.on_idle_lost: Callable[[_Connection], None] | None = None
         self._phase = _IDLE
         self._buf = bytearray()
@@ -353,6 +356,7 @@ class _Connection(asyncio.Protocol):
     def _end(self) -> None:
         self._phase = _DONE
         self._eof = True
+        self.answered += 1
         self.reusable = self._keep_alive and not self._buf and not self.closed
         self._wake()
 
@@ -471,16 +475,28 @@ class Pool:
         conn = await self._acquire(origin)
         try:
             await conn.send(head, body, method == "HEAD")
+        except ClosedBeforeAnswer:
+            self._release(origin, conn)
+            if not conn.answered:
+                raise
+            # a kept-alive connection the server closed as it was taken (uvicorn closes one
+            # idle for 5 s): the server read nothing of this request; once more, on a new one
+            conn = await self._acquire(origin, fresh=True)
+            try:
+                await conn.send(head, body, method == "HEAD")
+            except BaseException:
+                self._release(origin, conn)
+                raise
         except BaseException:
             self._release(origin, conn)
             raise
         return Response(self, origin, conn)
 
-    async def _acquire(self, origin: Origin) -> _Connection:
+    async def _acquire(self, origin: Origin, fresh: bool = False) -> _Connection:
         while True:
             if self._closed:
                 raise ConnectFailed("the proxy is closing")
-            idle = self._idle.get(origin)
+            idle = None if fresh else self._idle.get(origin)
             while idle:
                 conn = idle.pop()  # the one used last: its server side is warm
                 if not conn.closed:

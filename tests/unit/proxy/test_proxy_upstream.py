@@ -298,6 +298,24 @@ async def test_an_idle_connection_the_server_closed_is_not_used(serve: Serve, po
     assert server.connections == 2
 
 
+async def test_a_kept_alive_connection_closed_as_it_is_taken_is_tried_once_more(
+    serve: Serve, pool: Pool
+) -> None:
+    """The server closes an idle connection just as the next request goes on it (uvicorn's
+    5 s keep-alive): that request gets no answer there and goes again on a new connection."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)
+        writer.write(answer())
+        if server.connections == 1:
+            await server.read_request(reader)  # the second request, then closed unanswered
+
+    server, origin = await serve(script)
+    await get(pool, origin)
+    assert (await get(pool, origin))[::2] == (200, OK_BODY)
+    assert (server.connections, len(server.heads)) == (2, 3)
+
+
 # --------------------------------------------------------------------------- faults
 
 
