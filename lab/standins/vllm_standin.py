@@ -26,10 +26,12 @@ OpenAI-shaped API with canned text:
   the port refuses connections and the process exits ``STANDIN_ENGINE_EXIT_SECONDS`` (1.8)
   after the death, printing the real server's log of that, as the recorded real API server.
 * vLLM's own keys (``--api-key KEY [KEY ...]``, else ``VLLM_API_KEY``; none: open), as its
-  ``AuthenticationMiddleware`` (``vllm/entrypoints/openai/api_server.py``): every path under
-  ``/v1`` (unknown ones too) needs ``Authorization: Bearer <one of the keys>`` (the scheme in
-  any case) and answers 401 ``{"error":"Unauthorized"}`` without it; ``/health``, ``/ping``,
-  ``/metrics``, ``/version``, ``/tokenize`` and ``/detokenize`` stay open.
+  ``AuthenticationMiddleware`` (0.32: ``vllm/entrypoints/serve/middleware/authenticate.py``):
+  every path under ``/v1``, ``/v2``, ``/inference`` and ``/cohere`` (unknown ones too) needs
+  ``Authorization: Bearer <one of the keys>`` (the scheme in any case) and answers 401
+  ``{"error":"Unauthorized"}`` without it; ``/health``, ``/ping``, ``/metrics``, ``/version``,
+  ``/tokenize`` and ``/detokenize`` stay open (as real vLLM 0.32 answered them:
+  tests/fixtures/vllm/api-key-answers.json).
 * a client-aborted request is not counted in ``vllm:request_success_total``; a body whose
   ``Content-Type`` is not ``application/json`` gets vLLM's 400.
 * the port is bound only after ``STANDIN_LOAD_SECONDS`` (default 2): before that,
@@ -777,8 +779,10 @@ ENGINE_DEAD_BODY = (
     b'root cause.","type":"InternalServerError","param":null,"code":500}}'
 )
 
-# vLLM's AuthenticationMiddleware's refusal (starlette's JSONResponse: compact JSON)
+# vLLM's AuthenticationMiddleware's refusal (starlette's JSONResponse: compact JSON), and the
+# paths it guards (vLLM 0.32's GUARDED_PREFIX: a plain prefix test, "/v1x" too)
 UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
 class EngineDead(Exception):
@@ -825,7 +829,8 @@ class VllmHandler(Handler):
             self._models()
         elif path == "/metrics":
             body = self.engine.metrics().encode()
-            self.send_bytes(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            # the content type real vLLM 0.32 sends (tests/fixtures/vllm/api-key-answers.json)
+            self.send_bytes(200, body, "text/plain; version=1.0.0; charset=utf-8")
         elif path == "/version":
             self.send_json(200, {"version": VERSION})
         else:
@@ -937,13 +942,15 @@ class VllmHandler(Handler):
         )
 
     def _authorised(self, path: str) -> bool:
-        """vLLM's AuthenticationMiddleware: with keys, a path under /v1 (before any routing,
-        so an unknown /v1 path is 401 too) needs ``Authorization: <bearer, any case> <key>``;
-        /health, /ping, /metrics, /version, /tokenize and the rest stay open."""
+        """vLLM's AuthenticationMiddleware: with keys, a path under /v1, /v2, /inference or
+        /cohere (before any routing, so an unknown one is 401 too) needs ``Authorization:
+        <bearer, any case> <key>``; /health, /ping, /metrics, /version, /tokenize and the rest
+        stay open (tests/fixtures/vllm/api-key-answers.json)."""
         keys = self.engine.settings.api_keys
-        if not keys or not path.startswith("/v1"):
+        if not keys or not path.startswith(GUARDED_PREFIXES):
             return True
-        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        # uvicorn strips the blanks around a header's value before vLLM reads it
+        scheme, _, token = self.headers.get("Authorization", "").strip(" \t").partition(" ")
         if scheme.lower() != "bearer":
             return False
         given = hashlib.sha256(token.encode("utf-8")).digest()

@@ -618,3 +618,47 @@ def test_idle_metrics_are_the_real_servers(tmp_path: Path, start: Callable[..., 
         assert mine[name] == real[name]
     assert mine["vllm:request_success_total"] == real["vllm:request_success_total"]
     assert {v for line in text.splitlines() if (m := SERIES.match(line)) for v in [m[3]]} == {"0.0"}
+
+
+# -- vLLM's own key (VLLM_API_KEY), against the real server's answers ---------------------------
+
+KEY_ANSWERS = FIXTURES / "api-key-answers.json"
+
+
+def key_cases() -> list[tuple[str, dict[str, Any]]]:
+    return sorted(json.loads(KEY_ANSWERS.read_text(encoding="utf-8")).items())
+
+
+def test_the_key_recording_is_the_roles_claim() -> None:
+    """What the role's README says of the key, in the real server's answers: /v1 asks for it
+    (401 ``{"error":"Unauthorized"}``), /health and /metrics answer without it."""
+    answers = dict(key_cases())
+    for case in ("GET /v1/models, no key", "POST /v1/chat/completions, no key"):
+        assert (answers[case]["status"], answers[case]["body"]) == (401, '{"error":"Unauthorized"}')
+    for case in ("GET /v1/models, the key", "POST /v1/chat/completions, the key"):
+        assert answers[case]["status"] == 200
+    for case in ("GET /health, no key", "GET /metrics, no key"):
+        assert answers[case]["status"] == 200
+
+
+@pytest.mark.parametrize(("case", "real"), key_cases(), ids=[c for c, _ in key_cases()])
+def test_the_key_answers_are_the_real_servers(
+    tmp_path: Path, start: Callable[..., Vllm], case: str, real: dict[str, Any]
+) -> None:
+    """Each recorded request, sent to the stand-in given the key as the role gives it (the
+    environment, not the command line): the real status and content type, and for a refusal
+    the real body byte for byte."""
+    key = "k" * 48
+    server = start(
+        str(model_dir(tmp_path)), "--served-model-name", "Qwen2.5-7B-Instruct", VLLM_API_KEY=key
+    ).up()
+    asked = real["request"]
+    auth = asked["authorization"]
+    headers = {} if auth is None else {"Authorization": auth.format(key=key)}
+    status, mine, body = request(server.port, asked["method"], asked["path"], asked["json"],
+                                 headers)  # fmt: skip
+    recorded = dict(real["headers"])
+    assert status == real["status"], body
+    assert mine.get("content-type") == recorded.get("content-type")
+    if status == 401:
+        assert body.decode() == real["body"]
