@@ -240,3 +240,20 @@ def test_a_client_disconnect_stops_the_generation(vllm: VllmServer, proxy: str) 
     assert sample(after, "vllm:request_success_total") == sample(
         before, "vllm:request_success_total"
     )
+
+
+def test_a_connection_vllm_closed_while_idle_is_not_a_retry(proxy: str) -> None:
+    """vLLM's uvicorn closes a kept-alive connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE):
+    the proxy's next request goes on a new connection, answered, with no connect retry."""
+
+    def retries() -> float:
+        with urllib.request.urlopen(proxy + "/metrics", timeout=30) as resp:
+            return sample(resp.read().decode(), "cardshare_proxy_connect_retries_total")
+
+    body = json.dumps({"model": SERVED_NAME, "prompt": "ping", "max_tokens": 1}).encode()
+    assert raw(proxy, "POST", "/v1/completions", body, "application/json")[0] == 200
+    before = retries()
+    time.sleep(6.5)  # past uvicorn's keep-alive: vLLM has closed the proxy's idle connection
+    for _ in range(3):
+        assert raw(proxy, "POST", "/v1/completions", body, "application/json")[0] == 200
+    assert retries() == before
