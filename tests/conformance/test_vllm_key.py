@@ -238,6 +238,18 @@ def test_the_arbiters_probe_without_the_key_file_is_refused_401(
         asyncio.run(probe(vllm.url, tmp_path, None))
     assert (caught.value.status, caught.value.detail) == (401, {"error": "Unauthorized"})
     assert "POST " + vllm.url + "/v1/completions answered 401" in str(caught.value)
+    assert "vllm_api_key_file is not set" in str(caught.value)
+
+
+def test_the_arbiters_probe_with_another_key_names_the_file(
+    vllm: VllmServer, tmp_path: Path
+) -> None:
+    other = tmp_path / "other-key"
+    other.write_text("not-vllms-key\n")
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(probe(vllm.url, tmp_path, other))
+    assert caught.value.status == 401
+    assert f"vLLM refused the key of vllm_api_key_file {other}" in str(caught.value)
 
 
 # -- the patient proxy sends the box's key, never the agent's ---------------------------------

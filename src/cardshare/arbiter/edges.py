@@ -253,7 +253,26 @@ class HttpLlm:
         headers = {}
         if self.key_file is not None:  # vLLM guards /v1 with its key (/health, /metrics open)
             headers["Authorization"] = "Bearer " + read_key(self.key_file)
-        _, body = await self.http.request("POST", "/v1/completions", json=payload, headers=headers)
+        try:
+            _, body = await self.http.request(
+                "POST", "/v1/completions", json=payload, headers=headers
+            )
+        except Rejected as exc:
+            if exc.status != 401:
+                raise
+            # vLLM's refusal names no setting: say which one is missing or wrong
+            if self.key_file is None:
+                fix = (
+                    "vLLM asks for its key and vllm_api_key_file is not set: set it to vLLM's"
+                    " key file (the vllm role's vllm_api_key_file; the arbiter role's"
+                    " arbiter_vllm_api_key_file)"
+                )
+            else:
+                fix = (
+                    f"vLLM refused the key of vllm_api_key_file {self.key_file}: it must hold"
+                    " vLLM's key (the vllm role's vllm_api_key_file)"
+                )
+            raise Rejected(f"{exc}; {fix}", exc.detail, exc.status) from exc
         doc = _json(body, "POST /v1/completions")
         if not isinstance(doc, dict) or not doc.get("choices"):
             raise Unavailable(f"one-token completion answered without choices: {body[:200]!r}")

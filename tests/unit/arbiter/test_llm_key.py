@@ -58,13 +58,24 @@ async def test_without_the_key_vllm_refuses_the_probe(tmp_path: Path, vllm_url: 
     with pytest.raises(Rejected) as caught:
         await probe(tmp_path, vllm_url, None)
     assert (caught.value.status, caught.value.detail) == (401, {"error": "Unauthorized"})
+    # the message names the setting that is missing and where the key is
+    assert str(caught.value).endswith(
+        'answered 401: {"error":"Unauthorized"}; vLLM asks for its key and vllm_api_key_file is'
+        " not set: set it to vLLM's key file (the vllm role's vllm_api_key_file; the arbiter"
+        " role's arbiter_vllm_api_key_file)"
+    ), str(caught.value)
 
 
 async def test_a_wrong_key_is_refused(tmp_path: Path, vllm_url: str) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("not-the-key\n")
-    with pytest.raises(Rejected, match="answered 401"):
+    with pytest.raises(Rejected, match="answered 401") as caught:
         await probe(tmp_path, vllm_url, key_file)
+    assert caught.value.status == 401
+    assert str(caught.value).endswith(
+        f"; vLLM refused the key of vllm_api_key_file {key_file}: it must hold vLLM's key (the"
+        " vllm role's vllm_api_key_file)"
+    ), str(caught.value)
 
 
 @pytest.mark.parametrize(
