@@ -455,7 +455,9 @@ def test_a_transcode_at_handback_gets_a_smaller_plan_then_the_full_one_returns(
 
     assert not wait_for("llm with an empty queue", at_rest, 180)["llm_plan"]["degraded"]
     long_job = json.loads(json.dumps(WORKFLOW))
-    long_job["12"]["inputs"]["steps"] = 300  # about 30 s in the ComfyUI stand-in
+    # about 10 s in the ComfyUI stand-in: the transcodes start (one command on the lab host)
+    # as soon as it is seen running; had it ended first, the handback would find no transcode
+    long_job["12"]["inputs"]["steps"] = 100
     body = {"workflow": long_job, "inputs": {"render.png": base64.b64encode(RENDER).decode()}}
     resp = requests.post(f"{arbiter}/v1/jobs", json=body, headers=auth(), timeout=10)
     assert resp.status_code == 201, resp.text
@@ -517,7 +519,9 @@ def test_no_plan_fits_three_attempts_then_out_of_llm_until_the_card_changes(
 
     wait_for("llm with an empty queue", at_rest, 180)
     long_job = json.loads(json.dumps(WORKFLOW))
-    long_job["12"]["inputs"]["steps"] = 200  # about 20 s in the ComfyUI stand-in
+    # about 10 s in the ComfyUI stand-in: the transcodes start (one command on the lab host)
+    # as soon as it is seen running; had it ended first, the handback would find no transcode
+    long_job["12"]["inputs"]["steps"] = 100
     body = {"workflow": long_job, "inputs": {"render.png": base64.b64encode(RENDER).decode()}}
     resp = requests.post(f"{arbiter}/v1/jobs", json=body, headers=auth(), timeout=10)
     assert resp.status_code == 201, resp.text
