@@ -108,6 +108,18 @@ async def dribble(writer: asyncio.StreamWriter, data: bytes, size: int = 3) -> N
         await asyncio.sleep(0.001)
 
 
+async def answering(serve: Serve, wire: bytes) -> Origin:
+    """A server that reads one request, writes ``wire`` and closes the connection."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)
+        writer.write(wire)
+        await writer.drain()
+
+    server, origin = await serve(script)
+    return origin
+
+
 async def get(
     pool: Pool, origin: Origin, method: str = "POST", body: bytes | None = b"{}"
 ) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -211,12 +223,7 @@ async def test_a_chunked_stream_is_decoded_piece_by_piece(serve: Serve, pool: Po
 async def test_an_answer_until_close_is_read_to_the_end_and_not_reused(
     serve: Serve, pool: Pool
 ) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
-        await writer.drain()
-
-    server, origin = await serve(script)
+    origin = await answering(serve, b"HTTP/1.1 200 OK\r\n\r\nall of it")
     assert (await get(pool, origin))[2] == b"all of it"
     assert pool.open_connections(origin) == 0
 
@@ -365,12 +372,7 @@ async def test_a_reset_before_any_answer_is_reset_before_answer(serve: Serve, po
 async def test_garbage_for_a_head_is_a_bad_answer(
     serve: Serve, pool: Pool, wire: bytes, match: str
 ) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await server.read_request(reader)
-        writer.write(wire)
-        await writer.drain()
-
-    server, origin = await serve(script)
+    origin = await answering(serve, wire)
     with pytest.raises(upstream.BadAnswer, match=match):
         await get(pool, origin)
     assert pool.open_connections(origin) == 0
@@ -388,12 +390,7 @@ async def test_garbage_for_a_head_is_a_bad_answer(
 async def test_an_answer_cut_after_its_head_is_broken(
     serve: Serve, pool: Pool, wire: bytes, match: str
 ) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await server.read_request(reader)
-        writer.write(wire)
-        await writer.drain()
-
-    server, origin = await serve(script)
+    origin = await answering(serve, wire)
     resp = await pool.request(origin, "POST", "/", [], b"{}")
     try:
         assert resp.status == 200
