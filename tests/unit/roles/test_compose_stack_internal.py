@@ -31,7 +31,7 @@ PLAYBOOK = (
           ansible.builtin.include_role:
             name: cardshare.gpuhost.compose_stack
             tasks_from: main
-          vars:
+          vars: &demo_stack
             compose_stack_name: demo
             compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
             compose_stack_definition: {services: {}}
@@ -43,12 +43,7 @@ PLAYBOOK = (
           ansible.builtin.include_role:
             name: cardshare.gpuhost.compose_stack
             tasks_from: verify
-          vars:
-            compose_stack_name: demo
-            compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
-            compose_stack_definition: {services: {}}
-            compose_stack_state: absent
-            compose_stack_services: [demo]
+          vars: *demo_stack
           when: not case_through_role and case_entry == "verify"
 
         - name: Include compose_stack's check from the play
@@ -56,11 +51,7 @@ PLAYBOOK = (
             name: cardshare.gpuhost.compose_stack
             tasks_from: check
           vars:
-            compose_stack_name: demo
-            compose_stack_root: "{{ out_dir }}/{{ inventory_hostname }}"
-            compose_stack_definition: {services: {}}
-            compose_stack_state: absent
-            compose_stack_services: [demo]
+            <<: *demo_stack
             # what the check entry point requires, so that its arguments pass and its guard
             # is what refuses the play
             compose_stack_check_image: demo:1
