@@ -208,12 +208,6 @@ class _Connection(asyncio.Protocol):
         elif self._phase in (_IDLE, _DONE) and self.on_idle_lost is not None:
             self.on_idle_lost(self)
 
-    def pause_writing(self) -> None:  # a request is written whole; nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # ------------------------------------------------------------------ the request
 
     def send(self, head: bytes, body: bytes | None, head_only: bool) -> asyncio.Future[None]:
