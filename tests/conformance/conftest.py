@@ -16,16 +16,19 @@ user's home is left as found).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -218,3 +221,31 @@ def tiny_args(model_root: Path, port: int, *more: str, max_model_len: int = 3276
         "hermes",
         *more,
     ]
+
+
+def run_playbook(
+    inventory: str, playbook: str, extra: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """``ansible-playbook`` of the development virtualenv on ``playbook`` with ``extra`` vars."""
+    bindir = Path(sys.executable).parent
+    return subprocess.run(
+        [str(bindir / "ansible-playbook"), "-i", inventory, playbook, "-e", json.dumps(extra)],
+        cwd=REPO,
+        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Until the proxy ``proc`` listens on ``port`` (30 s); its log if it exits first."""
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the proxy did not listen"
+            time.sleep(0.2)

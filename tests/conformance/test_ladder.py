@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -31,7 +30,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import CACHE, REPO, SERVED_NAME, free_port, vllm_env
+from conftest import CACHE, SERVED_NAME, free_port, run_playbook, vllm_env
 
 from cardshare.arbiter.config import Config
 from cardshare.arbiter.edges import HttpLlm
@@ -53,23 +52,9 @@ def render_ladder(inventory: str, model_root: Path, port: int, out: Path) -> lis
         "xe_driver_cards": [{"vram_bytes": CARD_BYTES}],
         "docker_engine_render_gid": 0,
         "conformance_ladder_file": str(out),
+        "conformance_model": SERVED_NAME,
     }
-    bindir = Path(sys.executable).parent
-    run = subprocess.run(
-        [
-            str(bindir / "ansible-playbook"),
-            "-i",
-            f"inventories/{inventory}",
-            "tests/conformance/render_ladder.yml",
-            "-e",
-            json.dumps(extra),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_playbook(f"inventories/{inventory}", "tests/conformance/render_ladder.yml", extra)
     assert run.returncode == 0, f"rendering {inventory}'s ladder failed:\n{run.stdout[-3000:]}"
     ladder = json.loads(out.read_text(encoding="utf-8"))["ladder"]
     assert isinstance(ladder, list) and ladder, f"{inventory}: an empty ladder"

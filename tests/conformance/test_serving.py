@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import CACHE, REPO, SERVED_NAME, VllmServer, free_port, tiny_args
+from conftest import CACHE, REPO, SERVED_NAME, VllmServer, free_port, tiny_args, wait_listening
 
 from cardshare.arbiter.rules import LlmActivity, parse_vllm_metrics, update_activity
 
@@ -62,15 +61,7 @@ def proxy(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the proxy did not listen"
-                time.sleep(0.2)
+        wait_listening(proc, port, log)
         yield url
     finally:
         proc.terminate()

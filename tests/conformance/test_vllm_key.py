@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +32,16 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from conftest import CACHE, REPO, SERVED_NAME, VllmServer, free_port, tiny_args
+from conftest import (
+    CACHE,
+    REPO,
+    SERVED_NAME,
+    VllmServer,
+    free_port,
+    run_playbook,
+    tiny_args,
+    wait_listening,
+)
 
 from cardshare.arbiter.config import Config
 from cardshare.arbiter.edges import HttpLlm, Rejected
@@ -52,23 +60,13 @@ def role_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     tmp = tmp_path_factory.mktemp("role")
     key_file = tmp / "secret" / "key"
     extra = {
+        "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "vllm_model_dir": str(tmp / "models"),
         "vllm_hf_cache_dir": str(tmp / "hf-cache"),
         "vllm_api_key_file": str(key_file),
     }
-    bindir = Path(sys.executable).parent
-    run = subprocess.run(
-        [
-            *(str(bindir / "ansible-playbook"), "-i", "localhost,", "-c", "local"),
-            *("tests/conformance/render_key.yml", "-e", json.dumps(extra)),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_playbook("localhost,", "tests/conformance/render_key.yml", extra)
     assert run.returncode == 0, f"the role's configure tasks failed:\n{run.stdout[-3000:]}"
     env_file = Path(f"{key_file}.env")
     for path in (key_file, env_file):
@@ -321,15 +319,7 @@ def start_proxy(
                 env=env,
             )
         procs.append(proc)
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the proxy did not listen"
-                time.sleep(0.2)
+        wait_listening(proc, port, log)
         return f"http://127.0.0.1:{port}"
 
     yield start
