@@ -111,7 +111,9 @@ def test_idle_metrics_parse_as_idle(vllm: VllmServer) -> None:
 
 def test_busy_metrics_parse_as_busy_and_the_finish_counts(vllm: VllmServer) -> None:
     before = parse_vllm_metrics(metrics_text(vllm))
-    body = {"model": SERVED_NAME, "prompt": "count to ten", "max_tokens": 400}
+    # long enough for several 50 ms polls to see it run: 400 tokens of the tiny model ended
+    # before the first poll on a quiet machine
+    body = {"model": SERVED_NAME, "prompt": "count to ten", "max_tokens": 4000}
     body |= {"ignore_eos": True, "temperature": 0}
     done: list[int] = []
 
